@@ -1,0 +1,198 @@
+"""The contract every treegym environment keeps: text in, text out, snapshot and fork.
+
+A treegym environment is a ``gymnasium.Env[str, str]`` whose whole episode state is one
+immutable value (``self.state``). Everything else on the instance is either configuration or
+a shared, read-only backend (an index, an HTTP session, world templates). That split is what
+makes the two operations this project exists for cheap:
+
+- ``snapshot()`` returns the state value itself, wrapped: no copying, no tool calls.
+- ``fork()`` makes a new instance that shares every backend and points at the same state
+  value. Since the state is never mutated in place (a step builds a new one), the fork and
+  the original evolve independently from there.
+
+A step is two phases, so that a pool of envs can batch tool calls across envs:
+
+1. ``plan(action) -> list[ToolCall]``: parse the action and say which tool calls it needs.
+2. ``resolve(results) -> (obs, reward, terminated, truncated, info)``: apply their results.
+
+``step(action)`` runs both, executing the calls on the env's own tools in between.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+import gymnasium as gym
+from gymnasium import spaces
+
+StateT = TypeVar("StateT")
+
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
+
+class UnicodeText(spaces.Text):
+    """A text space that holds any Unicode string of at most ``max_length`` characters.
+
+    gymnasium's ``Text`` only admits a fixed charset; an LLM's turn can hold any character,
+    so membership here checks type and length only. Sampling still draws from the default
+    alphanumeric charset, which is a subset.
+    """
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | None = None) -> None:
+        super().__init__(max_length=max_length, min_length=min_length, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (
+            isinstance(other, UnicodeText)
+            and self.min_length == other.min_length
+            and self.max_length == other.max_length
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call an action needs: which of the env's tools, and its argument."""
+
+    tool: str
+    payload: Any
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A backend that serves many calls at once (one FAISS search, concurrent HTTP requests).
+
+    ``call_batch`` must return one result per payload, in order. A failure of one call is a
+    result (e.g. an error string or object), never an exception that loses the others.
+    """
+
+    def call_batch(self, payloads: Sequence[Any]) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Snapshot(Generic[StateT]):
+    """An env's state at one moment. Immutable and picklable; restoring it is exact."""
+
+    env_class: str
+    state: StateT
+
+
+class ForkableEnv(gym.Env[str, str], Generic[StateT]):
+    """Base class of every treegym environment.
+
+    Subclasses implement ``_reset_state``, ``plan``, ``resolve`` and ``_describe_tools``;
+    they keep all episode state in ``self.state`` (an immutable value, typically a frozen
+    dataclass of tuples and scalars) and never mutate it in place.
+
+    Attributes:
+        tools: name -> Tool. Shared by every fork; must be safe to call from any fork.
+        state: the current episode state, or ``None`` before the first reset.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+
+    tools: dict[str, Tool]
+    state: StateT | None = None
+
+    def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20) -> None:
+        self.observation_space = UnicodeText(max_obs_chars)
+        self.action_space = UnicodeText(max_action_chars)
+        self.tools = {}
+        self.state = None
+        self._pending: tuple[ToolCall, ...] | None = None
+        self._parsed: Any = None
+
+    # ---- subclass hooks -------------------------------------------------------------------
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[StateT, str, dict[str, Any]]:
+        """Draw a task with ``self.np_random`` and return (state, opening prompt, info)."""
+        raise NotImplementedError
+
+    def plan(self, action: str) -> list[ToolCall]:
+        """Phase one of a step: parse ``action`` and return the tool calls it needs.
+
+        Must not change ``self.state``; may remember the parsed action for ``resolve``
+        by returning it through ``self._remember(...)``.
+        """
+        raise NotImplementedError
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        """Phase two of a step: apply the results of the planned calls, advance the state."""
+        raise NotImplementedError
+
+    # ---- gymnasium API --------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.state, obs, info = self._reset_state(dict(options or {}))
+        self._pending = None
+        return obs, info
+
+    def step(self, action: str) -> StepResult:
+        calls = self.plan(action)
+        return self.resolve(execute_calls(self.tools, calls))
+
+    def render(self) -> str:
+        return repr(self.state)
+
+    # ---- snapshot and fork ----------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot[StateT]:
+        """The current state, wrapped. O(1): the state value is immutable and shared."""
+        if self._pending is not None:
+            raise RuntimeError("snapshot() between plan() and resolve(): finish the step first")
+        return Snapshot(type(self).__qualname__, self.state)
+
+    def restore(self, snapshot: Snapshot[StateT]) -> None:
+        """Put the env back into the state captured by ``snapshot``."""
+        if not isinstance(snapshot, Snapshot):
+            raise TypeError(f"restore() takes a Snapshot, got {type(snapshot).__name__}")
+        if snapshot.env_class != type(self).__qualname__:
+            raise ValueError(f"snapshot of {snapshot.env_class} cannot restore a {type(self).__qualname__}")
+        self.state = snapshot.state
+        self._pending = None
+
+    def fork(self) -> ForkableEnv[StateT]:
+        """A new env in the same state, sharing backends and nothing mutable."""
+        if self._pending is not None:
+            raise RuntimeError("fork() between plan() and resolve(): finish the step first")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        # The RNG is the one mutable object gymnasium keeps on the env; give the fork its own
+        # copy so that both continue with the same stream, independently.
+        if self._np_random is not None:
+            new._np_random = copy.deepcopy(self._np_random)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ForkableEnv[StateT]:
+        return self.fork()
+
+    # ---- helpers for subclasses -----------------------------------------------------------
+
+    def _remember(self, calls: Sequence[ToolCall], parsed: Any = None) -> list[ToolCall]:
+        """Record what ``plan`` decided, for ``resolve`` to pick up."""
+        self._pending = tuple(calls)
+        self._parsed = parsed
+        return list(calls)
+
+    def _take_pending(self) -> tuple[tuple[ToolCall, ...], Any]:
+        if self._pending is None:
+            raise RuntimeError("resolve() without a plan(): call step(), or plan() first")
+        calls, parsed = self._pending, self._parsed
+        self._pending, self._parsed = None, None
+        return calls, parsed
+
+
+def execute_calls(tools: dict[str, Tool], calls: Sequence[ToolCall]) -> list[Any]:
+    """Run one env's ``calls`` against its ``tools``, one ``call_batch`` per tool."""
+    from treegym.envs.pool import run_grouped
+
+    return run_grouped([(tools, calls)])[0]

@@ -1,0 +1,68 @@
+"""A minimal forkable env used to test the contract machinery itself (not a product env)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+
+
+class SquareTool:
+    """A backend that squares numbers and counts its batches."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def call_batch(self, payloads: Sequence[Any]) -> list[Any]:
+        self.batches.append(len(payloads))
+        return [int(p) ** 2 for p in payloads]
+
+
+@dataclass(frozen=True)
+class ToyState:
+    target: int
+    total: int = 0
+    turn: int = 0
+
+
+class ToyEnv(ForkableEnv[ToyState]):
+    """Action: an integer; the env adds its square. Reward 1 when the total hits the target."""
+
+    def __init__(self, tool: SquareTool | None = None, max_turns: int = 6) -> None:
+        super().__init__(max_obs_chars=200, max_action_chars=200)
+        self.tools = {"square": tool or SquareTool()}
+        self.max_turns = max_turns
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[ToyState, str, dict[str, Any]]:
+        target = int(options.get("target", self.np_random.integers(5, 50)))
+        return ToyState(target=target), f"reach {target}", {}
+
+    def plan(self, action: str) -> list[ToolCall]:
+        try:
+            return self._remember([ToolCall("square", int(action))])
+        except ValueError:
+            return self._remember([], parsed="invalid")
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        _, parsed = self._take_pending()
+        s = self.state
+        add = results[0] if results else 0
+        self.state = s = replace(s, total=s.total + add, turn=s.turn + 1)
+        won = s.total == s.target
+        obs = "invalid" if parsed == "invalid" else f"total {s.total}"
+        return obs, float(won), won, s.turn >= self.max_turns and not won, {"turn": s.turn}
+
+
+class LeakyToyEnv(ToyEnv):
+    """Breaks the contract on purpose: keeps a mutable list shared between forks."""
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[ToyState, str, dict[str, Any]]:
+        self.log: list[int] = []
+        return super()._reset_state(options)
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        obs, r, term, trunc, info = super().resolve(results)
+        self.log.append(self.state.total)
+        return f"{obs} after {len(self.log)} steps", r, term, trunc, info

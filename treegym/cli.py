@@ -1,0 +1,45 @@
+"""The ``treegym`` command line: one subcommand per job, each defined next to its code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from treegym.errors import TreegymError
+
+# Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
+COMMAND_MODULES = [
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="treegym",
+        description="Forkable ReAct environments and tree-search RL trainers for LLM agents.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(args.func(args) or 0)
+    except TreegymError as exc:
+        print(f"treegym {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"treegym {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

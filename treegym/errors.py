@@ -1,0 +1,24 @@
+"""User-facing errors. The CLI prints their message and exits 2; nothing else is caught there."""
+
+from __future__ import annotations
+
+
+class TreegymError(Exception):
+    """An error whose message tells the user what went wrong and what to do."""
+
+
+class ConfigError(TreegymError, ValueError):
+    """A wrong option, argument or config value."""
+
+
+class MissingPackageError(TreegymError, ImportError):
+    """An optional package that a feature needs is not installed."""
+
+    def __init__(self, package: str, feature: str, install: str | None = None) -> None:
+        self.package = package
+        hint = install or f"pip install {package}"
+        super().__init__(f"{feature} needs the package '{package}', which is not installed: run `{hint}`")
+
+
+class IndexFormatError(TreegymError):
+    """An index folder is corrupt, or was built for another corpus, embedder or version."""
