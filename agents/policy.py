@@ -1,0 +1,59 @@
+"""The interface of a trainable policy: token ids in, token ids and log-probs out, batched.
+
+Backends (transformers on CPU/GPU, vLLM on GPU) implement ``Policy``. Prefix reuse is the
+backend's job: when several contexts share a prefix (branches of one tree), the backend
+computes that prefix once (KV cache reuse in transformers, prefix caching in vLLM) and
+reports what it actually computed in ``PolicyStats.prefill_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+STOP_STRINGS = ("</search>", "</answer>", "</action>", "</browse>")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = STOP_STRINGS
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled turn: its tokens, their behaviour log-probs, and why it ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: str  # "stop" (stop string or EOS) or "length" (hit max_new_tokens)
+
+
+@dataclass
+class PolicyStats:
+    """Budget counters, cumulative over the policy's life."""
+
+    generated_tokens: int = 0
+    prefill_tokens: int = 0  # context tokens actually run through the model (cache misses)
+    reused_tokens: int = 0  # context tokens served from a cached prefix
+    calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A batched token-level sampler over a tokenizer shared with the trainer."""
+
+    tokenizer: Any
+    stats: PolicyStats
+
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per context (contexts may share prefixes)."""
+        ...

@@ -1,0 +1,28 @@
+"""The retrieval interface every index, hybrid and remote client implements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved passage. ``contents`` is the wiki-18 / FlashRAG form ``"Title"\\ntext``."""
+
+    doc_id: str
+    title: str
+    text: str
+    score: float
+
+    @property
+    def contents(self) -> str:
+        return f'"{self.title}"\n{self.text}'
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Batched top-k search. One call serves every pending query of an env pool."""
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...

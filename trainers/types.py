@@ -1,0 +1,91 @@
+"""What samplers hand to trainers: token-level trajectories, and the trees they came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from treegym.envs.core import Snapshot
+
+
+@dataclass
+class Turn:
+    """One agent turn: the action the model sampled and the observation the env returned."""
+
+    action_ids: list[int]
+    action_logprobs: list[float]  # behaviour log-probs, one per action token
+    obs_ids: list[int]  # masked out of every loss
+    action_text: str
+    obs_text: str
+    snapshot: Snapshot | None  # env state after this turn (where a branch may fork)
+    invalid: bool = False
+    tool_calls: int = 0
+
+
+@dataclass
+class Node:
+    """A node of a rollout tree. The root (turn None) is the prompt; every other node is a turn."""
+
+    node_id: int
+    parent: int | None
+    depth: int
+    turn: Turn | None
+    terminal: bool = False
+    reward: float | None = None  # set on terminal nodes
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Tree:
+    """One rollout tree for one prompt. A chain (GRPO) is a tree whose root has G children."""
+
+    prompt_index: int
+    tree_index: int
+    prompt_ids: list[int]
+    nodes: list[Node]
+
+    def path(self, leaf: int) -> list[int]:
+        """Node ids from the root's first child down to ``leaf``."""
+        out = []
+        node = self.nodes[leaf]
+        while node.parent is not None:
+            out.append(node.node_id)
+            node = self.nodes[node.parent]
+        return out[::-1]
+
+
+@dataclass
+class Rollout:
+    """One root-to-leaf trajectory, flattened into tokens for the loss."""
+
+    prompt_index: int
+    tree_index: int
+    leaf: int  # node id of the leaf in its tree
+    node_path: list[int]  # node ids of its turns, in order
+    token_ids: list[int]  # prompt + (action + observation) per turn
+    loss_mask: list[int]  # 1 on action tokens, 0 on prompt and observation tokens
+    behaviour_logprobs: list[float]  # per token; 0.0 where loss_mask is 0
+    turn_of_token: list[int]  # index into node_path for action tokens, -1 elsewhere
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Budget:
+    """What one sampling batch cost."""
+
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    tool_calls: int = 0
+    trajectories: int = 0
+    env_steps: int = 0
+
+
+@dataclass
+class RolloutBatch:
+    """A sampler's output: the kept trajectories, their trees, and the cost."""
+
+    rollouts: list[Rollout]
+    trees: list[Tree]
+    budget: Budget
