@@ -26,3 +26,17 @@ class Retriever(Protocol):
     """Batched top-k search. One call serves every pending query of an env pool."""
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
+
+
+@dataclass(frozen=True)
+class QAItem:
+    """One question with its gold answers and the passages that support them."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]  # aliases; any of them counts as correct
+    supporting_ids: tuple[str, ...] = ()
+    hops: int = 1
+    type: str = "unknown"  # e.g. identify, birth_year, death_year, born_first, lived_longer
+    split: str = "train"
+    source: str = "wiki"
