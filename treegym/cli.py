@@ -11,6 +11,7 @@ from treegym.errors import TreegymError
 
 # Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
 COMMAND_MODULES = [
+    "treegym.envs.cli",
 ]
 
 
