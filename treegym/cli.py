@@ -12,6 +12,7 @@ from treegym.errors import TreegymError
 # Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
 COMMAND_MODULES = [
     "treegym.envs.cli",
+    "treegym.bench_cli",
 ]
 
 
