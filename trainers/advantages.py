@@ -1,0 +1,253 @@
+"""Advantage estimators: pure tensor functions over rewards and tree structure, registered by name.
+
+Two layers:
+
+- the math, as small pure functions over flat tensors (``group_normalize``,
+  ``tree_grpo_advantages``, ``backed_up_values``, ``turn_credit``), each unit-tested on
+  hand-computed inputs;
+- ``ADVANTAGES``: name -> adapter from a ``RolloutBatch`` to one advantage per action token of
+  each rollout, which is what the loss consumes. An adapter also returns per-token weights
+  (1.0 unless the estimator says otherwise), so that a loss can count each tree turn once.
+
+Every estimator gives zero advantage, never NaN, to a group whose rewards are all equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from treegym.errors import ConfigError
+from treegym.trainers.types import Rollout
+
+EPS = 1e-6
+
+
+# ---- the math ---------------------------------------------------------------------------------
+
+
+def group_stats(values: Tensor, group: Tensor, *, singleton_zero_mean: bool = True) -> tuple[Tensor, Tensor]:
+    """Per-element mean and unbiased std of the element's group.
+
+    A group of one gets mean 0 and std 1 (the convention of the GRPO reference code), so its
+    normalised value is the raw value; ``singleton_zero_mean=False`` gives it mean = value
+    and std 1 instead (advantage 0).
+    """
+    values = values.to(torch.float64)
+    _, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
+    n = counts.to(torch.float64)
+    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, values)
+    means = sums / n
+    sq = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, (values - means[inverse]) ** 2)
+    # Unbiased (n - 1) std; a group of one has no spread to measure.
+    stds = torch.sqrt(sq / (n - 1).clamp(min=1.0))
+    single = counts == 1
+    means = torch.where(single, torch.zeros_like(means) if singleton_zero_mean else means, means)
+    stds = torch.where(single, torch.ones_like(stds), stds)
+    return means[inverse], stds[inverse]
+
+
+def group_normalize(rewards: Tensor, group: Tensor, *, use_std: bool = True, eps: float = EPS) -> Tensor:
+    """GRPO: (R - group mean) / (group std + eps); ``use_std=False`` is Dr. GRPO's R - mean."""
+    mean, std = group_stats(rewards, group)
+    centered = rewards.to(torch.float64) - mean
+    out = centered / (std + eps) if use_std else centered
+    return out.to(torch.float32)
+
+
+def tree_grpo_advantages(
+    rewards: Tensor, prompt: Tensor, tree: Tensor, *, mode: str = "inter+intra", eps: float = EPS
+) -> Tensor:
+    """Tree-GRPO's leaf advantage, as the reference code computes it.
+
+    ``mode``:
+      - ``"inter+intra"``: (R - mean_G)/(std_G + eps) + (R - mean_T)/(std_T + eps), where G is
+        every kept leaf of the prompt and T the leaves of one tree;
+      - ``"intra"``: the tree term only;
+      - ``"prompt-then-tree"``: normalise within the prompt, then normalise those values
+        again within the tree.
+    ``tree`` ids only need to be unique within a prompt; they are combined with ``prompt``.
+    """
+    tree_key = prompt.to(torch.int64) * (int(tree.max().item()) + 1 if len(tree) else 1) + tree.to(torch.int64)
+    if mode == "inter+intra":
+        return group_normalize(rewards, prompt, eps=eps) + group_normalize(rewards, tree_key, eps=eps)
+    if mode == "intra":
+        return group_normalize(rewards, tree_key, eps=eps)
+    if mode == "prompt-then-tree":
+        return group_normalize(group_normalize(rewards, prompt, eps=eps), tree_key, eps=eps)
+    raise ConfigError(f"tree-grpo mode {mode!r} is not one of: inter+intra, intra, prompt-then-tree")
+
+
+def backed_up_values(parent: Tensor, leaf_reward: Tensor, is_leaf: Tensor) -> Tensor:
+    """V(leaf) = R; V(node) = mean of V over its children. Nodes must be in topological order.
+
+    ``parent[i]`` is the index of node i's parent, -1 for a root; parents come before children.
+    Leaves are the nodes with ``is_leaf``; an inner node without children keeps V = 0.
+    """
+    n = len(parent)
+    value = torch.where(is_leaf, leaf_reward.to(torch.float64), torch.zeros(n, dtype=torch.float64))
+    total = torch.zeros(n, dtype=torch.float64)
+    count = torch.zeros(n, dtype=torch.float64)
+    # Children come after parents, so a reverse sweep finishes every child before its parent.
+    for i in range(n - 1, -1, -1):
+        if not is_leaf[i] and count[i] > 0:
+            value[i] = total[i] / count[i]
+        p = int(parent[i])
+        if p >= 0:
+            total[p] += value[i]
+            count[p] += 1
+    return value
+
+
+def turn_credit(parent: Tensor, value: Tensor) -> Tensor:
+    """A(c) = V(c) - V(parent(c)): the credit of the turn leading into node c; 0 at roots."""
+    has_parent = parent >= 0
+    parent_value = torch.where(has_parent, value[parent.clamp(min=0)], value)
+    return (value - parent_value).to(torch.float32)
+
+
+# ---- adapters: RolloutBatch -> per-token advantages --------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenAdvantages:
+    """One float per token of each rollout (0 off the loss mask), plus per-token loss weights."""
+
+    advantages: list[Tensor]
+    weights: list[Tensor]
+    per_rollout: Tensor  # a scalar summary per rollout (its leaf advantage, or mean turn credit)
+
+
+AdvantageFn = Callable[..., TokenAdvantages]
+
+
+def _broadcast(rollouts: Sequence[Rollout], per_rollout: Tensor) -> TokenAdvantages:
+    advs, weights = [], []
+    for r, a in zip(rollouts, per_rollout.tolist()):
+        mask = torch.tensor(r.loss_mask, dtype=torch.float32)
+        advs.append(mask * a)
+        weights.append(torch.ones_like(mask))
+    return TokenAdvantages(advs, weights, per_rollout)
+
+
+def _rewards(rollouts: Sequence[Rollout]) -> Tensor:
+    return torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+
+
+def _prompts(rollouts: Sequence[Rollout]) -> Tensor:
+    return torch.tensor([r.prompt_index for r in rollouts], dtype=torch.int64)
+
+
+def grpo(rollouts: Sequence[Rollout], *, use_std: bool = True, **_: object) -> TokenAdvantages:
+    """GRPO: every action token of a rollout gets its group-normalised reward (group = prompt)."""
+    return _broadcast(rollouts, group_normalize(_rewards(rollouts), _prompts(rollouts), use_std=use_std))
+
+
+def dr_grpo(rollouts: Sequence[Rollout], **_: object) -> TokenAdvantages:
+    """Dr. GRPO: GRPO without the std division."""
+    return grpo(rollouts, use_std=False)
+
+
+def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", **_: object) -> TokenAdvantages:
+    """Tree-GRPO: the leaf's advantage applies to every action token on its root-to-leaf path."""
+    trees = torch.tensor([r.tree_index for r in rollouts], dtype=torch.int64)
+    return _broadcast(rollouts, tree_grpo_advantages(_rewards(rollouts), _prompts(rollouts), trees, mode=mode))
+
+
+def tree_structure(rollouts: Sequence[Rollout]) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[tuple[int, int, int], int]]:
+    """The subtree spanned by the kept rollouts, as flat tensors.
+
+    Returns (parent, leaf_reward, is_leaf, prompt_of_node, index) where ``index`` maps
+    (prompt, tree, node id) -> flat index; one virtual root per (prompt, tree). Only kept
+    leaves are counted, so V backs up over exactly the trajectories that are trained on.
+    """
+    index: dict[tuple[int, int, int], int] = {}
+    parent: list[int] = []
+    reward: list[float] = []
+    leaf: list[bool] = []
+    prompt_of: list[int] = []
+    for r in rollouts:
+        root = (r.prompt_index, r.tree_index, -1)
+        if root not in index:
+            index[root] = len(parent)
+            parent.append(-1)
+            reward.append(0.0)
+            leaf.append(False)
+            prompt_of.append(r.prompt_index)
+        prev = index[root]
+        for depth, node in enumerate(r.node_path):
+            key = (r.prompt_index, r.tree_index, node)
+            if key not in index:
+                index[key] = len(parent)
+                parent.append(prev)
+                reward.append(0.0)
+                leaf.append(False)
+                prompt_of.append(r.prompt_index)
+            i = index[key]
+            if depth == len(r.node_path) - 1:
+                leaf[i] = True
+                reward[i] = r.reward
+            prev = i
+    return (
+        torch.tensor(parent, dtype=torch.int64),
+        torch.tensor(reward, dtype=torch.float64),
+        torch.tensor(leaf, dtype=torch.bool),
+        torch.tensor(prompt_of, dtype=torch.int64),
+        index,
+    )
+
+
+def treeopsd(rollouts: Sequence[Rollout], *, normalize_std: bool = False, eps: float = EPS, **_: object) -> TokenAdvantages:
+    """TreeOPSD turn credit: back rewards up the tree, credit each turn by V(child) - V(parent).
+
+    Every action token of a turn gets that turn's credit. A turn shared by several kept
+    trajectories appears once in each of them; its tokens are weighted 1/multiplicity so that
+    every turn counts once in the loss. ``normalize_std`` divides credits by the std of the
+    prompt group's rewards.
+    """
+    parent, reward, is_leaf, _, index = tree_structure(rollouts)
+    credit = turn_credit(parent, backed_up_values(parent, reward, is_leaf))
+    if normalize_std:
+        _, std = group_stats(_rewards(rollouts), _prompts(rollouts))
+        scale: dict[int, float] = {r.prompt_index: float(s) for r, s in zip(rollouts, std)}
+    multiplicity: dict[int, int] = {}
+    for r in rollouts:
+        for node in r.node_path:
+            i = index[(r.prompt_index, r.tree_index, node)]
+            multiplicity[i] = multiplicity.get(i, 0) + 1
+    advs, weights, summary = [], [], []
+    for r in rollouts:
+        flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
+        per_turn = credit[flat] if flat else torch.zeros(0)
+        if normalize_std:
+            per_turn = per_turn / (scale[r.prompt_index] + eps)
+        turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
+        on = (torch.tensor(r.loss_mask, dtype=torch.bool)) & (turn >= 0)
+        adv = torch.zeros(len(turn))
+        w = torch.ones(len(turn))
+        if on.any():
+            adv[on] = per_turn[turn[on]].to(torch.float32)
+            mult = torch.tensor([float(multiplicity[i]) for i in flat])
+            w[on] = 1.0 / mult[turn[on]]
+        advs.append(adv)
+        weights.append(w)
+        summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
+    return TokenAdvantages(advs, weights, torch.tensor(summary))
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "dr-grpo": dr_grpo,
+    "tree-grpo": tree_grpo,
+    "treeopsd": treeopsd,
+}
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    """The estimator registered under ``name``; a ConfigError lists the valid names."""
+    if name not in ADVANTAGES:
+        raise ConfigError(f"advantage {name!r} is not one of: {', '.join(sorted(ADVANTAGES))}")
+    return ADVANTAGES[name]

@@ -1,0 +1,192 @@
+"""Policy losses: pure functions over per-token log-probs, advantages and masks.
+
+All tensors are ``[batch, time]``. ``mask`` is 1 on action tokens (the only tokens any loss
+sees) and 0 on prompt, observation and padding tokens; ``weights`` (optional) scales each
+token's contribution, e.g. to count a tree turn shared by several trajectories once.
+
+Each loss returns a ``LossOutput`` whose named intermediates (``pg_loss1``, ``pg_loss2``,
+``approx_kl``, ``clipfrac``) are the quantities the loop logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from treegym.errors import ConfigError
+
+AGGREGATIONS = ("token-mean", "seq-mean", "constant")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The scalar to minimise, and the named quantities behind it (detached, for logging)."""
+
+    loss: Tensor
+    pg_loss: Tensor
+    pg_loss1: Tensor
+    pg_loss2: Tensor
+    approx_kl: Tensor
+    clipfrac: Tensor
+    ratio_mean: Tensor
+
+
+def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", constant: float | None = None) -> Tensor:
+    """Reduce per-token ``values`` over the masked tokens.
+
+    - ``token-mean``: sum over all masked tokens / their count (long answers weigh more);
+    - ``seq-mean``: mean over sequences of each sequence's token mean;
+    - ``constant``: sum / ``constant`` (Dr. GRPO's fixed normaliser, e.g. the max length).
+    An all-zero mask gives 0, never NaN.
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    if mode == "seq-mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        has = (mask.sum(-1) > 0).to(values.dtype)
+        return (per_seq * has).sum() / has.sum().clamp(min=1.0)
+    if mode == "constant":
+        if not constant or constant <= 0:
+            raise ConfigError("aggregation 'constant' needs a positive loss.constant_normalizer")
+        return (values * mask).sum() / constant
+    raise ConfigError(f"aggregation {mode!r} is not one of: {', '.join(AGGREGATIONS)}")
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    # k3 estimate of KL(old || new) on the behaviour samples, as CleanRL logs it.
+    return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).detach()
+
+
+def ppo_clip_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip: float = 0.2,
+    dual_clip: float | None = 3.0,
+    weights: Tensor | None = None,
+    agg: str = "token-mean",
+    constant: float | None = None,
+) -> LossOutput:
+    """PPO's clipped surrogate, with dual clip for negative advantages.
+
+    pg_loss1 = -A·r, pg_loss2 = -A·clip(r, 1-ε, 1+ε), loss = max(pg_loss1, pg_loss2); for
+    A < 0 the loss is further capped at -A·c (dual clip), so one token whose ratio exploded
+    cannot dominate the batch.
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    clipped = torch.maximum(pg_loss1, pg_loss2)
+    if dual_clip is not None:
+        capped = torch.minimum(clipped, -advantages * dual_clip)
+        clipped = torch.where(advantages < 0, capped, clipped)
+    per_token = clipped if weights is None else clipped * weights
+    loss = aggregate(per_token, mask, agg, constant)
+    clipfrac = masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask).detach()
+    return LossOutput(
+        loss=loss,
+        pg_loss=loss.detach(),
+        pg_loss1=masked_mean(pg_loss1, mask).detach(),
+        pg_loss2=masked_mean(pg_loss2, mask).detach(),
+        approx_kl=_approx_kl(log_ratio, mask),
+        clipfrac=clipfrac,
+        ratio_mean=masked_mean(ratio, mask).detach(),
+    )
+
+
+def teacher_ratio(advantages: Tensor, beta: float = 1.0, eps: float = 0.2) -> Tensor:
+    """TreeOPSD's teacher map: the target ratio q/π_b = r* = clip(exp(A/β), 1-ε, 1+ε).
+
+    This is the one place to change when the paper's exact teacher is known. It is the
+    bounded reweighting w(A) = exp(A/β) of the behaviour policy, with w(0) = 1.
+    """
+    return torch.clamp(torch.exp(advantages / beta), 1.0 - eps, 1.0 + eps)
+
+
+def treeopsd_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    beta: float = 1.0,
+    eps: float = 0.2,
+    teacher: Callable[[Tensor], Tensor] | None = None,
+    weights: Tensor | None = None,
+    agg: str = "token-mean",
+    constant: float | None = None,
+) -> LossOutput:
+    """TreeOPSD: generalised KL from a credit-reweighted teacher to the student.
+
+    This implements a *reading* of TreeOPSD (arXiv 2610.23181); the paper's full text was not
+    available, so the exact teacher and divergence may differ from the authors'. The reading:
+
+    - the teacher is the behaviour policy reweighted by a bounded function of the turn
+      credit, q = π_b · w(A) with w(0) = 1, so the target likelihood ratio of each action
+      token is r* = ``teacher_ratio(A)`` = clip(exp(A/β), 1-ε, 1+ε);
+    - the loss is the generalised (unnormalised) KL between teacher and student, estimated on
+      the behaviour samples with r = π_θ/π_b per token:  r*·log(r*/r) - r* + r.
+
+    Its gradient in log π_θ is (r - r*), so at r = 1 it is -(r* - 1)·∇log π_θ: the policy
+    gradient direction with weight (r* - 1), the tangent of the PG objective. Unlike PPO's
+    linear surrogate, it has a minimum at the finite target r = r*, so repeated epochs on one
+    batch stop there instead of running to the clip edge.
+
+    ``teacher`` replaces ``teacher_ratio`` (a function of the advantages) if given.
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    target = teacher(advantages) if teacher is not None else teacher_ratio(advantages, beta, eps)
+    target = target.detach()
+    pg_loss1 = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
+    pg_loss2 = ratio - target  # -r* + r
+    per_token = pg_loss1 + pg_loss2
+    if weights is not None:
+        per_token = per_token * weights
+    loss = aggregate(per_token, mask, agg, constant)
+    # "clipfrac" here: the share of tokens whose ratio has already passed its target.
+    passed = (ratio - target) * (target - 1.0) > 0
+    return LossOutput(
+        loss=loss,
+        pg_loss=loss.detach(),
+        pg_loss1=masked_mean(pg_loss1, mask).detach(),
+        pg_loss2=masked_mean(pg_loss2, mask).detach(),
+        approx_kl=_approx_kl(log_ratio, mask),
+        clipfrac=masked_mean(passed.to(logp.dtype), mask).detach(),
+        ratio_mean=masked_mean(ratio, mask).detach(),
+    )
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref) on samples: exp(d) - d - 1, d = ref - logp.
+
+    Non-negative, unbiased, and low-variance (Schulman's k3); its value is clamped so one
+    extreme token cannot blow up the step.
+    """
+    d = torch.clamp(ref_logp - logp, -20.0, 20.0)
+    return torch.exp(d) - d - 1.0
+
+
+POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
+    "ppo-clip": ppo_clip_loss,
+    "treeopsd": treeopsd_loss,
+}
+
+
+def get_policy_loss(name: str) -> Callable[..., LossOutput]:
+    """The loss registered under ``name``; a ConfigError lists the valid names."""
+    if name not in POLICY_LOSSES:
+        raise ConfigError(f"loss {name!r} is not one of: {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[name]
