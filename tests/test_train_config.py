@@ -1,0 +1,81 @@
+"""Training config: YAML, CLI overrides, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from treegym.errors import ConfigError
+from treegym.trainers.algorithms import ALGORITHMS, get_algorithm, loss_kwargs
+from treegym.trainers.config import (
+    TrainConfig,
+    from_dict,
+    help_text,
+    leaf_paths,
+    load_config,
+    parse_overrides,
+    to_dict,
+)
+
+
+def test_every_field_has_a_help_string() -> None:
+    for path, f in leaf_paths().items():
+        assert f.metadata.get("help"), path
+    assert "--optim.lr" in help_text()
+
+
+def test_defaults_are_tree_grpo_on_tree_search_qa_with_smollm2() -> None:
+    cfg = load_config()
+    assert (cfg.algo, cfg.env, cfg.model) == ("tree-grpo", "TreeSearchQA-v0", "smollm2")
+    s = cfg.sampler
+    assert (s.trees, s.expand_nodes, s.rounds, s.leaves) == (2, 2, 1, 3)
+    assert cfg.loss.clip == 0.2 and cfg.loss.dual_clip == 3.0
+
+
+def test_yaml_then_cli_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("algo: grpo\noptim:\n  lr: 1.0e-4\n  ppo_epochs: 2\nenv_kwargs:\n  max_turns: 3\n")
+    cfg = load_config(f, parse_overrides(["--optim.ppo_epochs=3", "--group_size", "4", "--model_opts.lora"]))
+    assert cfg.algo == "grpo" and cfg.optim.lr == 1e-4 and cfg.optim.ppo_epochs == 3
+    assert cfg.sampler.group_size == 4 and cfg.model_opts.lora is True
+    assert cfg.env_kwargs == {"max_turns": 3}
+
+
+def test_config_round_trips_through_a_dict() -> None:
+    cfg = load_config(overrides=[("loss.beta", "0.5"), ("algo", "treeopsd")])
+    assert from_dict(to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([("algo", "ppo")], "algo: 'ppo' is not one of: grpo, tree-grpo, treeopsd"),
+        ([("optim.lr", "fast")], "optim.lr: 'fast' is not a valid float"),
+        ([("steps", "0")], "steps: must be > 0"),
+        ([("loss.agg", "sum")], "loss.agg: 'sum' is not one of: token-mean, seq-mean, constant"),
+        ([("optim.learning_rate", "1")], "unknown config field 'optim.learning_rate'"),
+        ([("model_opts.lora", "maybe")], "model_opts.lora: 'maybe' is not a valid bool"),
+    ],
+)
+def test_bad_config_names_the_field_and_valid_values(overrides: list[tuple[str, str]], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(overrides=overrides)
+
+
+def test_bad_yaml_is_a_config_error(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("optim: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_algorithms_are_records_of_sampler_advantage_and_loss() -> None:
+    assert set(ALGORITHMS) == {"grpo", "tree-grpo", "treeopsd"}
+    assert get_algorithm("grpo").sampler == "chains"
+    assert get_algorithm("treeopsd").loss == "treeopsd"
+    assert loss_kwargs(get_algorithm("grpo"), TrainConfig())["clip"] == 0.2
+    with pytest.raises(ConfigError, match="tree-grpo"):
+        get_algorithm("dpo")

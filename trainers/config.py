@@ -1,0 +1,288 @@
+"""Training configuration: dataclasses with a default and a help string per field.
+
+A config is data. It loads from YAML (sections as nested mappings) and every field can be
+overridden from the command line, as ``--section.field=value`` or, when the field name is
+unique across sections, ``--field=value``. A wrong name, type or value raises ``ConfigError``
+naming the field and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from treegym.errors import ConfigError
+
+
+def opt(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
+    """A config field: its default, its help string, and (optionally) its valid values."""
+    meta = {"help": help, "choices": tuple(choices) if choices else None}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class SamplerConfig:
+    group_size: int = opt(6, "chains per prompt (GRPO's G)")
+    trees: int = opt(2, "trees per prompt (Tree-GRPO's m)")
+    expand_nodes: int = opt(2, "nodes expanded per round (n)")
+    rounds: int = opt(1, "expansion rounds (l)")
+    leaves: int = opt(3, "leaves kept per tree (k)")
+    expansion: str = opt("with-replacement", "how nodes to expand are drawn", ["with-replacement", "without-replacement"])
+    temperature: float = opt(1.0, "sampling temperature")
+    top_p: float = opt(1.0, "nucleus sampling mass")
+    max_new_tokens: int = opt(48, "max tokens per turn")
+    max_turns: int = opt(2, "the env's turn budget")
+
+
+@dataclass
+class AdvantageConfig:
+    tree_mode: str = opt("inter+intra", "Tree-GRPO normalisation", ["inter+intra", "intra", "prompt-then-tree"])
+    use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
+    normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
+
+
+@dataclass
+class LossConfig:
+    clip: float = opt(0.2, "PPO clip range ε")
+    dual_clip: float = opt(3.0, "dual-clip constant c for negative advantages (0 = off)")
+    kl_coef: float = opt(0.0, "coefficient of the k3 KL to the frozen reference (0 = no reference model; 0.001 is usual)")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient")
+    agg: str = opt("token-mean", "how per-token losses are reduced", ["token-mean", "seq-mean", "constant"])
+    constant_normalizer: float = opt(1024.0, "divisor for agg=constant")
+    beta: float = opt(1.0, "TreeOPSD temperature β of the teacher map exp(A/β)")
+    eps: float = opt(0.2, "TreeOPSD bound ε on the target ratio")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(2e-5, "AdamW learning rate")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    ppo_epochs: int = opt(1, "passes over each rollout batch")
+    mini_batch_size: int = opt(12, "rollouts per optimiser step")
+    micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm")
+
+
+@dataclass
+class ModelConfig:
+    lora: bool = opt(False, "train LoRA adapters (peft) instead of all weights")
+    lora_r: int = opt(16, "LoRA rank")
+    lora_alpha: int = opt(32, "LoRA alpha")
+    device: str = opt("auto", "cpu, cuda, cuda:N, or auto (GPU when there is one)")
+    bf16: bool = opt(True, "bf16 autocast on GPU (ignored on CPU)")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward (larger models)")
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = opt("runs", "where run folders are created")
+    name: str = opt("", "run folder name (default: algo-env-time)")
+    log_every: int = opt(1, "steps between metric lines")
+    save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
+    eval_n: int = opt(32, "held-out prompts for EM before/after (0 = skip)")
+    eval_split: str = opt("dev", "split used for evaluation")
+    train_split: str = opt("train", "split used for training prompts")
+    tensorboard: bool = opt(True, "write TensorBoard events")
+    wandb: bool = opt(False, "log to Weights & Biases (needs `pip install wandb`)")
+    trees_html: bool = opt(True, "write an HTML view of the last step's trees")
+
+
+@dataclass
+class TrainConfig:
+    algo: str = opt("tree-grpo", "algorithm", ["grpo", "tree-grpo", "treeopsd"])
+    env: str = opt("TreeSearchQA-v0", "environment id")
+    env_kwargs: dict = opt({}, "keyword arguments for gym.make(env, ...)")
+    model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
+    seed: int = opt(0, "seed for prompts, sampling and init")
+    steps: int = opt(8, "training steps")
+    prompts_per_step: int = opt(2, "prompts sampled per step (per process under torchrun)")
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    model_opts: ModelConfig = field(default_factory=ModelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# ---- load, override, validate ----------------------------------------------------------------
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _field_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every settable field, by dotted path (``optim.lr``)."""
+    out: dict[str, dataclasses.Field] = {}
+    for name, f in _fields(cls).items():
+        t = _field_type(cls, name)
+        if dataclasses.is_dataclass(t):
+            out.update(leaf_paths(t, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = f
+    return out
+
+
+def _coerce(path: str, value: Any, t: Any) -> Any:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        t = next(a for a in typing.get_args(t) if a is not type(None))
+    try:
+        if t is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if t is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if t is float:
+            return float(value)
+        if t is str:
+            return str(value)
+        if t is dict or typing.get_origin(t) is dict:
+            if isinstance(value, str):
+                value = yaml.safe_load(value) or {}
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+    except (TypeError, ValueError, yaml.YAMLError):
+        name = getattr(t, "__name__", str(t))
+        raise ConfigError(f"config field {path}: {value!r} is not a valid {name}") from None
+    return value
+
+
+def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
+    """Set one field by dotted path (or a unique bare field name), coercing its type."""
+    paths = leaf_paths()
+    if path not in paths:
+        matches = [p for p in paths if p.rsplit(".", 1)[-1] == path]
+        if len(matches) != 1:
+            hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
+            raise ConfigError(f"unknown config field {path!r}{hint}; valid fields: {', '.join(sorted(paths))}")
+        path = matches[0]
+    *parents, leaf = path.split(".")
+    obj: Any = cfg
+    for p in parents:
+        obj = getattr(obj, p)
+    setattr(obj, leaf, _coerce(path, value, _field_type(type(obj), leaf)))
+
+
+def apply_mapping(cfg: TrainConfig, data: dict[str, Any], prefix: str = "") -> None:
+    """Apply a (nested) mapping, as read from YAML, to ``cfg``."""
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        sub = leaf_paths()
+        if isinstance(value, dict) and any(p.startswith(path + ".") for p in sub):
+            apply_mapping(cfg, value, path + ".")
+        else:
+            set_path(cfg, path, value)
+
+
+def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
+    """``["--optim.lr=1e-5", "--steps", "3"]`` -> ``[("optim.lr", "1e-5"), ("steps", "3")]``."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"unexpected argument {a!r}: overrides look like --section.field=value")
+        key = a[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            i += 1
+            value = args[i]
+        else:
+            value = "true"  # a bare --flag sets a boolean
+        out.append((key.replace("-", "_") if key not in leaf_paths() else key, value))
+        i += 1
+    return out
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check choices and ranges; raise ConfigError naming the field and its valid values."""
+    for path, f in leaf_paths().items():
+        obj: Any = cfg
+        for p in path.split("."):
+            obj = getattr(obj, p)
+        choices = f.metadata.get("choices")
+        if choices and obj not in choices:
+            raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, choices))}")
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool) and obj < 0:
+            raise ConfigError(f"config field {path}: must be >= 0, got {obj}")
+    positive = ["steps", "prompts_per_step", "sampler.group_size", "sampler.trees", "sampler.leaves",
+                "sampler.max_new_tokens", "sampler.max_turns", "optim.ppo_epochs", "optim.mini_batch_size",
+                "optim.micro_batch_size", "optim.lr", "loss.beta"]  # fmt: skip
+    for path in positive:
+        obj = cfg
+        for p in path.split("."):
+            obj = getattr(obj, p)
+        if obj <= 0:
+            raise ConfigError(f"config field {path}: must be > 0, got {obj}")
+    if cfg.sampler.temperature <= 0:
+        raise ConfigError("config field sampler.temperature: must be > 0 (training needs sampled log-probs)")
+    if not 0 < cfg.sampler.top_p <= 1:
+        raise ConfigError(f"config field sampler.top_p: must be in (0, 1], got {cfg.sampler.top_p}")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> TrainConfig:
+    """Defaults, then the YAML file (if any), then the overrides, then validation."""
+    cfg = TrainConfig()
+    if path is not None:
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of fields, got {type(data).__name__}")
+        apply_mapping(cfg, data)
+    for key, value in overrides:
+        set_path(cfg, key, value)
+    return validate(cfg)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    cfg = TrainConfig()
+    apply_mapping(cfg, data)
+    return validate(cfg)
+
+
+def help_text() -> str:
+    """One line per field: path, default, choices and help (for ``treegym train --help``)."""
+    lines = []
+    defaults = TrainConfig()
+    for path, f in leaf_paths().items():
+        obj: Any = defaults
+        for p in path.split("."):
+            obj = getattr(obj, p)
+        choices = f.metadata.get("choices")
+        extra = f" {{{','.join(map(str, choices))}}}" if choices else ""
+        lines.append(f"  --{path}={obj!r}{extra}\n        {f.metadata.get('help', '')}")
+    return "\n".join(lines)
