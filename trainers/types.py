@@ -20,6 +20,11 @@ class Turn:
     snapshot: Snapshot | None  # env state after this turn (where a branch may fork)
     invalid: bool = False
     tool_calls: int = 0
+    reward: float = 0.0  # the env's reward for this step
+    terminated: bool = False
+    truncated: bool = False  # by the env's turn budget, or the sampler's max_turns / context cap
+    finish_reason: str = "stop"  # the Generation's: "stop", or "length" (cut at max_new_tokens)
+    info: dict[str, Any] = field(default_factory=dict)  # the env's step info
 
 
 @dataclass
@@ -31,8 +36,9 @@ class Node:
     depth: int
     turn: Turn | None
     terminal: bool = False
-    reward: float | None = None  # set on terminal nodes
+    reward: float | None = None  # set on terminal nodes: sum of step rewards on its path
     children: list[int] = field(default_factory=list)
+    round: int = 0  # 0: the initial chains; r: grown by expansion round r
 
 
 @dataclass
@@ -43,6 +49,12 @@ class Tree:
     tree_index: int
     prompt_ids: list[int]
     nodes: list[Node]
+    kept_leaves: list[int] = field(default_factory=list)  # leaves turned into Rollouts
+    expanded: list[int] = field(default_factory=list)  # nodes chosen for expansion, in order
+
+    def leaves(self) -> list[int]:
+        """Node ids of every finished node (terminal or truncated), kept or not."""
+        return [n.node_id for n in self.nodes if n.terminal]
 
     def path(self, leaf: int) -> list[int]:
         """Node ids from the root's first child down to ``leaf``."""
