@@ -1,0 +1,308 @@
+"""A local web over a passage corpus: HTML articles with links, and a search endpoint.
+
+``treegym web serve`` (or ``LocalWeb(docs).start()``) serves, on 127.0.0.1:
+
+- ``/wiki/<Title>``: an article page. Each title of another article that the passage
+  mentions becomes a link to it, and the page carries the usual boilerplate (nav, header,
+  footer, a script) that the browse tool must strip;
+- ``/doc/<id>``: a redirect to the article of a passage id (for Search-R1 style results);
+- ``/search?q=...&format=json``: BM25 search (bm25s) in SearxNG's JSON format, so the
+  SearxNG backend drives it; without ``format=json`` an HTML results page;
+- ``POST /retrieve``: Search-R1's retrieval API over the same index;
+- ``/health``.
+
+The default corpus is the built-in Wikipedia one; any FlashRAG JSONL corpus works (e.g. the
+synthetic world written by ``treegym data synth``). This is WebSearchQA-v0's offline default
+backend and the real server its tests run against.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from treegym.errors import ConfigError
+from treegym.retrieval_index.corpus import Document, read_jsonl, wiki_documents
+
+MAX_LINKS_PER_PAGE = 40
+MAX_TITLE_WORDS = 6
+_WORD = re.compile(r"[\w][\w'’.\-]*")
+
+
+def slug(title: str) -> str:
+    """The path segment of an article: spaces as underscores, then percent-encoded."""
+    return quote(title.replace(" ", "_"), safe="_-.,()'")
+
+
+class Site:
+    """The corpus as a linked site: title lookup, link finding, BM25 search."""
+
+    def __init__(self, docs: Sequence[Document]) -> None:
+        import bm25s
+
+        if not docs:
+            raise ConfigError("the local web needs at least one document")
+        self.docs = list(docs)
+        self.by_title: dict[str, Document] = {}
+        for d in self.docs:
+            self.by_title.setdefault(d.title or d.id, d)
+        self.by_id = {d.id: d for d in self.docs}
+        self._bm25s = bm25s
+        tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en", show_progress=False)
+        self.index = bm25s.BM25()
+        self.index.index(tokens, show_progress=False)
+        self._lock = threading.Lock()  # bm25s keeps scratch state; one search at a time
+
+    def search(self, query: str, k: int) -> list[tuple[Document, float]]:
+        k = max(1, min(k, len(self.docs)))
+        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        with self._lock:
+            ids, scores = self.index.retrieve(tokens, k=k, show_progress=False)
+        return [(self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
+
+    def linked_html(self, doc: Document) -> str:
+        """The passage as HTML, each mentioned title of another article linked once."""
+        out: list[str] = []
+        pos = 0
+        linked: set[str] = set()
+        words = list(_WORD.finditer(doc.text))
+        i = 0
+        while i < len(words):
+            hit = None
+            for n in range(min(MAX_TITLE_WORDS, len(words) - i), 0, -1):
+                start, end = words[i].start(), words[i + n - 1].end()
+                cand = doc.text[start:end].rstrip(".")
+                end = start + len(cand)
+                if (cand[:1].isupper() and cand != doc.title and cand not in linked and cand in self.by_title
+                        and (n > 1 or len(cand) >= 4)):
+                    hit = (start, end, cand, n)
+                    break
+            if hit and len(linked) < MAX_LINKS_PER_PAGE:
+                start, end, cand, n = hit
+                out.append(html.escape(doc.text[pos:start]))
+                out.append(f'<a href="/wiki/{slug(cand)}">{html.escape(cand)}</a>')
+                linked.add(cand)
+                pos = end
+                i += n
+            else:
+                i += 1
+        out.append(html.escape(doc.text[pos:]))
+        return "".join(out)
+
+    def article(self, doc: Document) -> str:
+        title = html.escape(doc.title or doc.id)
+        desc = f'<p class="description"><i>{html.escape(doc.description)}</i></p>' if doc.description else ""
+        return (
+            f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} - treegym local web</title>"
+            "<style>body{font-family:sans-serif;max-width:48em;margin:auto}</style>"
+            "<script>window.analytics = {track: function () {}};</script></head><body>"
+            '<header><a href="/">treegym local web</a> <form action="/search"><input name="q"></form></header>'
+            '<nav><ul><li><a href="/">Main page</a></li><li><a href="/search?q=">Search</a></li></ul></nav>'
+            f"<main><article><h1>{title}</h1>{desc}<p>{self.linked_html(doc)}</p></article></main>"
+            f"<footer>Text from Wikipedia contributors, CC BY-SA. Passage id {html.escape(doc.id)}.</footer>"
+            "</body></html>"
+        )
+
+
+def _snippet(text: str, limit: int = 300) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return cut + " …"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # a pool of 64 envs connects at once; the default backlog is 5
+    allow_reuse_address = True
+
+
+class LocalWeb:
+    """The local web server. ``start()`` runs it in a background thread; ``url`` is its root.
+
+    Args:
+        docs: the corpus (default: the built-in Wikipedia passages).
+        host, port: where to bind (port 0 picks a free one).
+        latency_s: a delay added to every response, to stand in for a real network.
+    """
+
+    def __init__(self, docs: Iterable[Document] | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 latency_s: float = 0.0) -> None:
+        self.site = Site(tuple(docs) if docs is not None else wiki_documents())
+        self.latency_s = latency_s
+        self.requests = 0
+        self._httpd = _Server((host, port), _make_handler(self))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> LocalWeb:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="treegym-local-web", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever(poll_interval=0.2)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (later requests are refused)."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._httpd.server_close()
+
+    def __enter__(self) -> LocalWeb:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- routes -----------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> tuple[int, str, bytes, dict[str, str]]:
+        """(status, content type, body, extra headers) for one request."""
+        site = self.site
+        if method == "POST":
+            if path.rstrip("/") == "/retrieve":
+                return self._retrieve(body)
+            return _json(404, {"error": f"no POST route {path}"})
+        if path in ("/", ""):
+            items = "".join(f'<li><a href="/wiki/{slug(d.title)}">{html.escape(d.title)}</a></li>' for d in site.docs[:100])
+            return _html(200, f"<html><head><title>treegym local web</title></head><body><h1>treegym local web</h1>"
+                              f"<p>{len(site.docs)} articles.</p><ul>{items}</ul></body></html>")
+        if path == "/health":
+            return _json(200, {"status": "ok", "documents": len(site.docs)})
+        if path.startswith("/wiki/"):
+            title = unquote(path[len("/wiki/"):]).replace("_", " ")
+            doc = site.by_title.get(title)
+            if doc is None:
+                return _html(404, f"<html><body><h1>Not found</h1><p>No article titled {html.escape(title)}.</p></body></html>")
+            return _html(200, site.article(doc))
+        if path.startswith("/doc/"):
+            doc = site.by_id.get(unquote(path[len("/doc/"):]))
+            if doc is None:
+                return _html(404, "<html><body><h1>Not found</h1></body></html>")
+            return 302, "text/plain", b"", {"Location": f"/wiki/{slug(doc.title or doc.id)}"}
+        if path == "/search":
+            q = (query.get("q") or [""])[0]
+            try:
+                k = max(1, min(int((query.get("k") or query.get("count") or ["10"])[0]), 100))
+            except ValueError:
+                return _json(400, {"error": "k must be an integer"})
+            hits = site.search(q, k) if q.strip() else []
+            results = [{"url": f"{self.url}/wiki/{slug(d.title or d.id)}", "title": d.title, "content": _snippet(d.text),
+                        "engine": "treegym-local", "engines": ["treegym-local"], "score": round(s, 4),
+                        "category": "general", "positions": [r + 1]} for r, (d, s) in enumerate(hits)]
+            if (query.get("format") or [""])[0] == "json":
+                return _json(200, {"query": q, "number_of_results": len(results), "results": results, "answers": [],
+                                   "corrections": [], "infoboxes": [], "suggestions": [], "unresponsive_engines": []})
+            items = "".join(f'<li><a href="{r["url"]}">{html.escape(r["title"])}</a><p>{html.escape(r["content"])}</p></li>'
+                            for r in results)
+            return _html(200, f"<html><head><title>{html.escape(q)} - search</title></head><body><ol>{items}</ol></body></html>")
+        return _html(404, "<html><body><h1>Not found</h1></body></html>")
+
+    def _retrieve(self, body: bytes) -> tuple[int, str, bytes, dict[str, str]]:
+        try:
+            req = json.loads(body or b"{}")
+        except json.JSONDecodeError as exc:
+            return _json(400, {"error": f"body is not JSON: {exc.msg}"})
+        queries = req.get("queries") if isinstance(req, dict) else None
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries) or not 0 < len(queries) <= 512:
+            return _json(400, {"error": "'queries' must be a list of 1 to 512 strings"})
+        topk = req.get("topk", 3)
+        if not isinstance(topk, int) or not 1 <= topk <= 100:
+            return _json(400, {"error": "'topk' must be an integer in 1..100"})
+        scores = bool(req.get("return_scores", False))
+        result = []
+        for q in queries:
+            hits = self.site.search(q, topk)
+            if scores:
+                result.append([{"document": d.to_record(), "score": s} for d, s in hits])
+            else:
+                result.append([d.to_record() for d, _ in hits])
+        return _json(200, {"result": result})
+
+
+def _json(status: int, obj: Any) -> tuple[int, str, bytes, dict[str, str]]:
+    return status, "application/json", json.dumps(obj, ensure_ascii=False).encode("utf-8"), {}
+
+
+def _html(status: int, text: str) -> tuple[int, str, bytes, dict[str, str]]:
+    return status, "text/html; charset=utf-8", text.encode("utf-8"), {}
+
+
+def _make_handler(web: LocalWeb) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a pool reuses its connections
+
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(min(length, 4_000_000)) if length else b""
+            if length > 4_000_000:
+                status, ctype, data, extra = _json(413, {"error": "body over 4 MB"})
+            else:
+                parts = urlsplit(self.path)
+                try:
+                    status, ctype, data, extra = web.handle(method, parts.path, parse_qs(parts.query), body)
+                except Exception as exc:  # a bug must not kill the server thread silently
+                    status, ctype, data, extra = _json(500, {"error": f"{type(exc).__name__}: {exc}"})
+            web.requests += 1
+            if web.latency_s:
+                time.sleep(web.latency_s)
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in extra.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._serve("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._serve("POST")
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    return Handler
+
+
+def load_docs(corpus: str | None, limit: int | None = None) -> list[Document]:
+    """The built-in corpus, or a FlashRAG JSONL file (a folder means its ``corpus.jsonl``)."""
+    if corpus in (None, "", "wiki"):
+        docs = list(wiki_documents())
+        return docs[:limit] if limit else docs
+    path = Path(corpus)
+    if path.is_dir():
+        path = path / "corpus.jsonl"
+    if not path.exists():
+        raise ConfigError(f"corpus {path} not found: pass a FlashRAG JSONL file, a folder holding corpus.jsonl, or 'wiki'")
+    return list(read_jsonl(path, limit))
+
+
+_DEFAULT: LocalWeb | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_local_web() -> LocalWeb:
+    """The process's in-process local web over the built-in corpus, started on first use."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = LocalWeb().start()
+        return _DEFAULT

@@ -1,0 +1,335 @@
+"""WebSearchQA-v0: question answering by searching and browsing over HTTP, forkable per turn."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.react import parse_action
+from treegym.envs.rewards import exact_match, f1_score, format_reward
+from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
+from treegym.envs.web.cache import ResponseCache, shared_cache
+from treegym.envs.web.http import HttpConfig
+from treegym.envs.web.pages import paginate, split_page_ref
+from treegym.envs.web.tools import BrowseTool, FetchedPage, SearchTool, ToolError, shared_fetcher
+from treegym.errors import ConfigError, TreegymError
+from treegym.retrieval_index.types import QAItem
+
+WEB_PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
+    "every time you get new information. After reasoning, if you find you lack some knowledge, "
+    "you can call a search engine by <search> query </search>, and it will return the top "
+    "results (title, URL and snippet) between <information> and </information>. To read a page, "
+    "use <browse> URL </browse>; a long page comes in parts, and <browse> URL#page=2 </browse> "
+    "(or <browse> next </browse>) gives the next part. You can search and browse as many times "
+    "as you want. If you find no further external knowledge needed, you can directly provide "
+    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+
+INVALID_WEB_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to read a page, I should put its URL between <browse> "
+    "and </browse>. If I want to give the final answer, I should put the answer between "
+    "<answer> and </answer>. Let me try again.\n"
+)
+
+TAGS = ("search", "browse", "answer")
+MAX_LINKS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class WebState:
+    """Everything that changes during an episode, page state included. Immutable."""
+
+    item: QAItem
+    turn: int = 0
+    done: bool = False
+    answer: str | None = None
+    invalid_actions: int = 0
+    format_valid: bool = True
+    tool_calls: int = 0
+    tool_errors: int = 0
+    queries: tuple[str, ...] = ()
+    visited: tuple[tuple[str, int], ...] = ()  # (url, part) in the order read
+
+
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple, build: Any) -> Any:
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = build()
+        return _SHARED[key]
+
+
+def format_results(query: str, results: Sequence[SearchResult]) -> str:
+    """Search results in Search-R1's block, each with the URL to browse."""
+    if not results:
+        return f'\n\n<information>No results for "{query}".</information>\n\n'
+    lines = [f"Doc {i}(Title: {r.title}) {r.snippet}\nURL: {r.url}" if r.url else f"Doc {i}(Title: {r.title}) {r.snippet}"
+             for i, r in enumerate(results, 1)]
+    return "\n\n<information>" + "\n".join(lines) + "</information>\n\n"
+
+
+def format_page(page: FetchedPage, part: int, parts: Sequence[str]) -> str:
+    """One part of a page, with its links and how to get the next part."""
+    text = parts[part - 1]
+    head = f"Page: {page.title or page.url}\nURL: {page.url}\nPart {part} of {len(parts)}"
+    if page.truncated:
+        head += " (the page was cut at the size limit)"
+    links = [link for link in page.links if link.text in text][:MAX_LINKS_SHOWN]
+    tail = ""
+    if links:
+        tail += "\nLinks: " + "; ".join(f"{link.text} <{link.url}>" for link in links)
+    if part < len(parts):
+        tail += f"\n[Next part: <browse>{page.url}#page={part + 1}</browse>]"
+    return f"\n\n<information>{head}\n\n{text}{tail}</information>\n\n"
+
+
+class WebSearchQAEnv(ForkableEnv[WebState]):
+    """Answer a question by searching the web and reading pages (Search-R1's ReAct protocol).
+
+    ## Observation
+    Text. ``reset`` returns the whole prompt with the question. After ``<search>q</search>``:
+    ``<information>Doc i(Title: t) snippet / URL: u …</information>``. After
+    ``<browse>url</browse>``: the page as readable text (boilerplate stripped), one part of at
+    most ``page_chars`` characters, with the links in that part and the action for the next
+    part (``<browse>url#page=2</browse>``, or ``<browse>next</browse>``). After an answer, ``""``.
+    A tool that fails (timeout, HTTP error, refused connection, malformed or non-text
+    response) is an observation such as ``Search failed: timed out after 10 s``, with
+    ``info["tool_error"]`` set; it never raises out of ``step``.
+
+    ## Action
+    The model's whole turn: ``<think>…</think>`` then one of ``<search>``, ``<browse>``,
+    ``<answer>``. The first complete tag counts. Anything else is an invalid action: a clear
+    message and ``info["invalid_action"] = True``.
+
+    ## Reward
+    On the answering step, SQuAD-normalised exact match against the gold aliases (``reward="f1"``
+    for token F1), or Tree-GRPO's format-score table with ``format_score=True``. Otherwise 0.
+
+    ## Episode
+    Starts with a question drawn by the seeded RNG (or ``options={"task_id": id}``). Terminates
+    on an answer; truncates after ``max_turns`` turns without one.
+
+    ## Fork
+    Forks share the HTTP session, the tools and the response cache (so a branch that repeats
+    a query is served from the cache), and never the page state, which lives in ``state``.
+
+    ## Arguments
+    dataset: ``"wiki"`` (built-in questions) or a Search-R1 parquet / FlashRAG JSONL file.
+    split, question_types: which questions. items: the tasks themselves (overrides dataset).
+    backend: ``"local"`` (default: the local web over the built-in corpus, started in-process,
+        offline), ``"searxng:URL"``, ``"retrieve:URL"`` (Search-R1 server), ``"brave"`` or
+        ``"serper"`` (keys from ``$BRAVE_API_KEY`` / ``$SERPER_API_KEY``), or a SearchBackend.
+    search_url: for ``backend="local"``, a running ``treegym web serve`` to use instead.
+    topk: results per search. page_chars: characters per page part. max_turns: turn budget.
+    reward, format_score: as above.
+    cache: use the persistent response cache; cache_path / cache_ttl_s: where, how long.
+    http: network policy (timeouts, retries, caps), an ``HttpConfig``.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "wiki",
+        split: str = "train",
+        question_types: Sequence[str] | None = None,
+        items: Sequence[QAItem] | None = None,
+        backend: str | SearchBackend = "local",
+        search_url: str | None = None,
+        topk: int = 3,
+        page_chars: int = 2000,
+        max_turns: int = 6,
+        reward: str = "em",
+        format_score: bool = False,
+        cache: bool = True,
+        cache_path: str | None = None,
+        cache_ttl_s: float = 7 * 86400.0,
+        http: HttpConfig | None = None,
+        max_action_chars: int = 16384,
+    ) -> None:
+        super().__init__()
+        if reward not in ("em", "f1"):
+            raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
+        if not 1 <= topk <= 20:
+            raise ConfigError(f"topk must be between 1 and 20, got {topk}")
+        if max_turns < 1:
+            raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
+        if page_chars < 200:
+            raise ConfigError(f"page_chars must be at least 200, got {page_chars}")
+        self.topk, self.page_chars, self.max_turns = topk, page_chars, max_turns
+        self.reward_kind, self.format_score, self.max_action_chars = reward, format_score, max_action_chars
+        self.http = http or HttpConfig()
+
+        if isinstance(backend, str):
+            if backend == "local":
+                if search_url is None:
+                    from treegym.envs.web.local_web import default_local_web
+
+                    search_url = default_local_web().url
+                backend = make_backend(f"local:{search_url}")
+            else:
+                backend = make_backend(backend)
+        self.backend = backend
+        self.cache: ResponseCache | None = shared_cache(cache_path, cache_ttl_s) if cache else None
+        # Envs with the same configuration share their tools, so an EnvPool sends all their
+        # requests in one concurrent batch (it batches calls per tool object).
+        key = ("tools", backend.name, topk, self.http, id(self.cache))
+        self.tools = _shared(key, lambda: {
+            "search": SearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
+            "browse": BrowseTool(shared_fetcher(self.http), self.cache),
+        })
+
+        if items is None:
+            items = _shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_items(dataset, split, question_types))
+        self.items: tuple[QAItem, ...] = tuple(items)
+        if not self.items:
+            raise ConfigError(f"no questions in dataset {dataset!r}, split {split!r}, types {question_types}")
+        self._by_id = {it.id: it for it in self.items}
+
+    # ---- episode ------------------------------------------------------------------------------
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[WebState, str, dict[str, Any]]:
+        task_id = options.get("task_id")
+        if task_id is not None:
+            if task_id not in self._by_id:
+                raise ConfigError(f"unknown task_id {task_id!r}; this env has {len(self.items)} tasks")
+            item = self._by_id[task_id]
+        else:
+            item = self.items[int(self.np_random.integers(len(self.items)))]
+        state = WebState(item=item)
+        return state, WEB_PROMPT.format(question=item.question), self._info(state, invalid=False)
+
+    def plan(self, action: str) -> list[ToolCall]:
+        if self.state is None:
+            raise TreegymError("step() before reset(): call env.reset() first")
+        if self.state.done:
+            raise TreegymError("step() after the episode ended: call env.reset()")
+        parsed = parse_action(action, TAGS, self.max_action_chars)
+        if parsed.kind == "search":
+            return self._remember([ToolCall("search", parsed.argument)], (parsed, None))
+        if parsed.kind == "browse":
+            ref = parsed.argument
+            if ref.lower() in ("next", "next page"):
+                if not self.state.visited:
+                    parsed = replace(parsed, kind="invalid", error="<browse>next</browse> before any page was browsed")
+                    return self._remember([], (parsed, None))
+                url, part = self.state.visited[-1]
+                target = (url, part + 1)
+            else:
+                target = split_page_ref(ref)
+            return self._remember([ToolCall("browse", target[0])], (parsed, target))
+        return self._remember([], (parsed, None))
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        _, (parsed, target) = self._take_pending()
+        s = self.state
+        s = replace(s, turn=s.turn + 1, format_valid=s.format_valid and parsed.well_formed)
+        reward, terminated, obs, extra = 0.0, False, "", {}
+        if parsed.kind == "answer":
+            s = replace(s, answer=parsed.argument, done=True)
+            terminated = True
+            em, f1 = exact_match(parsed.argument, s.item.answers), f1_score(parsed.argument, s.item.answers)
+            extra = {"em": em, "f1": f1}
+            reward = self._reward(True, em, f1, s.format_valid)
+        elif parsed.kind in ("search", "browse"):
+            s = replace(s, tool_calls=s.tool_calls + 1)
+            result = results[0]
+            if isinstance(result, ToolError):
+                obs, extra = f"\n\n<information>{result.message}</information>\n\n", {"tool_error": result.message}
+                s = replace(s, tool_errors=s.tool_errors + 1)
+            elif parsed.kind == "search":
+                s = replace(s, queries=s.queries + (parsed.argument,))
+                obs = format_results(parsed.argument, result)
+            else:
+                page: FetchedPage = result
+                parts = paginate(page.text, self.page_chars)
+                part = target[1]
+                if part > len(parts):
+                    message = f"Browse failed: {page.url} has {len(parts)} part(s); there is no part {part}"
+                    obs, extra = f"\n\n<information>{message}</information>\n\n", {"tool_error": message}
+                    s = replace(s, tool_errors=s.tool_errors + 1)
+                else:
+                    # Record the requested URL (not a redirect target) so that "next" repeats it.
+                    s = replace(s, visited=s.visited + ((target[0], part),))
+                    obs = format_page(page, part, parts)
+        else:
+            s = replace(s, invalid_actions=s.invalid_actions + 1, format_valid=False)
+            obs, extra = INVALID_WEB_ACTION, {"error": parsed.error}
+        truncated = not terminated and s.turn >= self.max_turns
+        if truncated:
+            s = replace(s, done=True)
+            reward = self._reward(False, 0.0, 0.0, s.format_valid)
+        self.state = s
+        info = self._info(s, invalid=parsed.kind == "invalid")
+        info.update(extra)
+        return obs, reward, terminated, truncated, info
+
+    def _reward(self, answered: bool, em: float, f1: float, format_valid: bool) -> float:
+        if self.format_score:
+            return format_reward(answered, em == 1.0, format_valid)
+        if not answered:
+            return 0.0
+        return em if self.reward_kind == "em" else f1
+
+    def _info(self, s: WebState, invalid: bool) -> dict[str, Any]:
+        return {
+            "task_id": s.item.id,
+            "answers": list(s.item.answers),
+            "supporting_ids": list(s.item.supporting_ids),
+            "question_type": s.item.type,
+            "hops": s.item.hops,
+            "turn": s.turn,
+            "tool_calls": s.tool_calls,
+            "visited": [f"{u}#page={p}" for u, p in s.visited],
+            "invalid_action": invalid,
+        }
+
+    def render(self) -> str:
+        s = self.state
+        if s is None:
+            return "(not reset)"
+        return f"[{s.item.id}] turn {s.turn}/{self.max_turns} answer={s.answer!r} question={s.item.question!r}"
+
+
+def load_items(dataset: str, split: str, question_types: Sequence[str] | None = None) -> list[QAItem]:
+    """Tasks by name or file: the built-in set, a Search-R1 parquet or a FlashRAG JSONL file."""
+    from treegym.retrieval_index.qa import load_qa
+
+    try:
+        return load_qa(dataset, split=split, types=question_types)
+    except ImportError:
+        # The file loaders may be missing from this install; a FlashRAG JSONL file is simple
+        # enough to read here.
+        path = Path(dataset).expanduser()
+        if path.suffix != ".jsonl" or not path.exists():
+            raise
+        return read_flashrag_jsonl(path, split)
+
+
+def read_flashrag_jsonl(path: Path, split: str = "train") -> list[QAItem]:
+    """``{"id", "question", "golden_answers"}`` lines (``answers`` also accepted) as QAItems."""
+    import json
+
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                answers = rec.get("golden_answers", rec.get("answers"))
+                if isinstance(answers, str):
+                    answers = [answers]
+                items.append(QAItem(id=str(rec.get("id", f"{path.stem}-{lineno}")), question=str(rec["question"]),
+                                    answers=tuple(str(a) for a in answers), split=split, source=path.stem))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}:{lineno}: not a QA record (want question and golden_answers): {exc}") from exc
+    return items
