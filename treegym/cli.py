@@ -13,6 +13,7 @@ from treegym.errors import TreegymError
 COMMAND_MODULES = [
     "treegym.envs.cli",
     "treegym.bench_cli",
+    "treegym.retrieval_index.cli",
 ]
 
 

@@ -1,0 +1,162 @@
+"""The in-process retrievers: dense (any FAISS index), BM25 (bm25s), and their hybrid by RRF.
+
+Each serves a whole batch of queries per call: one embedding pass and one FAISS search, or one
+bm25s scoring pass. All are read-only after construction, hence safe to search from many
+threads at once and to share between forked environments; ``copy.deepcopy`` returns the
+same object, and pickling one that ``open_retriever`` made reopens it from the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from treegym.errors import ConfigError
+from treegym.retrieval_index.corpus import Document
+from treegym.retrieval_index.embedders import Embedder
+from treegym.retrieval_index.types import Hit
+
+RRF_CONSTANT = 60  # the usual k of reciprocal rank fusion (Cormack et al., 2009)
+BM25_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+
+
+def _reopen(options: dict[str, Any]) -> Any:
+    from treegym.retrieval_index.build import open_retriever
+
+    return open_retriever(**options)
+
+
+class SharedBackend:
+    """A read-only search backend: forks share it, pickles carry only how to reopen it."""
+
+    reopen: dict[str, Any] | None = None  # open_retriever(**reopen) gives an equal retriever
+
+    def __deepcopy__(self, memo: dict) -> SharedBackend:
+        return self
+
+    def __copy__(self) -> SharedBackend:
+        return self
+
+    def __reduce__(self) -> tuple:
+        if self.reopen is None:
+            raise TypeError(f"{type(self).__name__} built by hand cannot be pickled; use open_retriever()")
+        return (_reopen, ({**self.reopen, "progress": False},))
+
+
+def check_k(k: int) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise ConfigError(f"k must be a positive integer, not {k!r}")
+    return int(k)
+
+
+def _hit(doc: Document, score: float) -> Hit:
+    return Hit(doc_id=doc.id, title=doc.title, text=doc.text, score=float(score))
+
+
+class DenseRetriever(SharedBackend):
+    """Queries embedded in one batch, then one inner-product search over a FAISS index."""
+
+    def __init__(self, index: Any, docs: Sequence[Document], embedder: Embedder, kind: str = "flat") -> None:
+        if index.ntotal != len(docs):
+            raise ConfigError(f"FAISS index holds {index.ntotal} vectors for {len(docs)} documents")
+        self.index = index
+        self.docs = tuple(docs)
+        self.embedder = embedder
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        k = check_k(k)
+        if not queries:
+            return []
+        vectors = self.embedder.encode(list(queries), kind="query")
+        return self.search_vectors(vectors, k)
+
+    def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top-k for query vectors already embedded (unit length, shape (n, dim))."""
+        scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), min(check_k(k), len(self.docs)))
+        return [
+            [_hit(self.docs[row], score) for row, score in zip(row_list, score_list) if row >= 0]
+            for row_list, score_list in zip(rows.tolist(), scores.tolist())
+        ]
+
+
+def bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
+    """Lower-cased word tokens minus English stop words, the same for passages and queries."""
+    import bm25s
+
+    return bm25s.tokenize(
+        list(texts), lower=True, token_pattern=BM25_TOKEN_PATTERN, stopwords="en", return_ids=False, show_progress=False
+    )
+
+
+class BM25Retriever(SharedBackend):
+    """Lexical top-k with bm25s; passages with no query term in common are not returned."""
+
+    kind = "bm25"
+
+    def __init__(self, model: Any, docs: Sequence[Document]) -> None:
+        self.model = model
+        self.docs = tuple(docs)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        k = check_k(k)
+        if not queries:
+            return []
+        rows, scores = self.model.retrieve(
+            bm25_tokenize(queries), k=min(k, len(self.docs)), show_progress=False, n_threads=0
+        )
+        return [
+            [_hit(self.docs[row], score) for row, score in zip(row_list, score_list) if score > 0]
+            for row_list, score_list in zip(rows.tolist(), scores.tolist())
+        ]
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[str]], k: int, constant: int = RRF_CONSTANT) -> list[tuple[str, float]]:
+    """Fuse ranked id lists: score(d) = sum over lists of 1 / (constant + rank), rank from 1.
+
+    Ties keep the order of first appearance (the first list wins), so results are stable.
+    """
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, doc_id in enumerate(ranking, 1):
+            scores[doc_id] = scores.get(doc_id, 0.0) + 1.0 / (constant + rank)
+    order = sorted(scores.items(), key=lambda item: -item[1])  # sorted() is stable
+    return order[:k]
+
+
+class HybridRetriever(SharedBackend):
+    """Dense and BM25 results fused by reciprocal rank; ``depth`` hits of each feed the fusion."""
+
+    kind = "hybrid"
+
+    def __init__(self, dense: DenseRetriever, lexical: BM25Retriever, depth: int = 50, constant: int = RRF_CONSTANT) -> None:
+        self.dense = dense
+        self.lexical = lexical
+        self.depth = depth
+        self.constant = constant
+        self.docs = dense.docs
+        self._by_id = {doc.id: doc for doc in self.docs}
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        k = check_k(k)
+        depth = max(k, self.depth)
+        dense_hits = self.dense.search(queries, depth)
+        lexical_hits = self.lexical.search(queries, depth)
+        results = []
+        for dense_list, lexical_list in zip(dense_hits, lexical_hits):
+            fused = reciprocal_rank_fusion(
+                [[h.doc_id for h in dense_list], [h.doc_id for h in lexical_list]], k, self.constant
+            )
+            results.append([_hit(self._by_id[doc_id], score) for doc_id, score in fused])
+        return results
