@@ -118,6 +118,12 @@ class ResponseCache:
             (key, backend, json.dumps(value, ensure_ascii=False), time.time()),
         )
 
+    def count(self, hits: int = 0, misses: int = 0) -> None:
+        """Record lookups made outside ``get_or_compute`` (batched backends)."""
+        with self._lock:
+            self.stats.hits += hits
+            self.stats.misses += misses
+
     def get_or_compute(self, backend: str, request: Any, compute: Callable[[], Any]) -> tuple[Any, bool]:
         """(value, was_cached). ``compute`` runs at most once per key at a time; its
         exceptions propagate to every waiter and nothing is stored."""

@@ -81,11 +81,16 @@ class Site:
                 start, end = words[i].start(), words[i + n - 1].end()
                 cand = doc.text[start:end].rstrip(".")
                 end = start + len(cand)
-                if (cand[:1].isupper() and cand != doc.title and cand not in linked and cand in self.by_title
+                if cand == doc.title:  # the article's own name: no link, and no link to a part of it
+                    hit = (start, end, "", n)
+                    break
+                if (cand[:1].isupper() and cand not in linked and cand in self.by_title
                         and (n > 1 or len(cand) >= 4)):
                     hit = (start, end, cand, n)
                     break
-            if hit and len(linked) < MAX_LINKS_PER_PAGE:
+            if hit and not hit[2]:
+                i += hit[3]
+            elif hit and len(linked) < MAX_LINKS_PER_PAGE:
                 start, end, cand, n = hit
                 out.append(html.escape(doc.text[pos:start]))
                 out.append(f'<a href="/wiki/{slug(cand)}">{html.escape(cand)}</a>')
@@ -123,6 +128,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # a pool of 64 envs connects at once; the default backlog is 5
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+        # else: the client gave up (its timeout); nothing to report
 
 
 class LocalWeb:
@@ -287,6 +299,13 @@ def load_docs(corpus: str | None, limit: int | None = None) -> list[Document]:
     if corpus in (None, "", "wiki"):
         docs = list(wiki_documents())
         return docs[:limit] if limit else docs
+    if corpus == "synthetic":
+        try:
+            from treegym.retrieval_index.synthetic import synthetic_world
+        except ImportError as exc:
+            raise ConfigError(f"the synthetic world is not available in this install ({exc})") from exc
+        path = Path(synthetic_world(passages=limit or 2000, seed=0).corpus_path)
+        return list(read_jsonl(path, limit))
     path = Path(corpus)
     if path.is_dir():
         path = path / "corpus.jsonl"

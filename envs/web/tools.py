@@ -129,8 +129,7 @@ class SearchTool:
             else:
                 found[q] = tuple(SearchResult.from_json(r) for r in hit)
         if self.cache is not None:
-            self.cache.stats.hits += len(found)
-            self.cache.stats.misses += len(missing)
+            self.cache.count(hits=len(found), misses=len(missing))
         if missing:
             try:
                 rows = search_many(self.fetcher, missing, self.k)

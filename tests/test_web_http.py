@@ -1,0 +1,137 @@
+"""The HTTP fetcher against a real loopback server that injects faults."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from web_servers import FaultServer
+
+from treegym.envs.web.http import Fetcher, FetchError, HttpConfig, parse_retry_after
+
+FAST = HttpConfig(connect_timeout_s=1.0, read_timeout_s=0.3, retries=2, backoff_base_s=0.01, backoff_max_s=0.05,
+                  max_retry_after_s=5.0, per_host=4, max_bytes=200_000)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = FaultServer()
+    yield srv
+    srv.stop()
+
+
+class SleepLog:
+    """Records the waits the fetcher asks for, without waiting."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def fetcher(config: HttpConfig = FAST) -> tuple[Fetcher, SleepLog]:
+    log = SleepLog()
+    return Fetcher(config, sleep=log, seed=0), log
+
+
+def test_slow_response_past_the_read_timeout_fails_with_timed_out(server):
+    f, log = fetcher()
+    with pytest.raises(FetchError, match=r"timed out after 0.3 s"):
+        f.get(f"{server.url}/slow?s=1.5&key=a")
+    assert log.waits == []  # a slow server is not retried: that would multiply the wait
+
+
+def test_server_errors_are_retried_with_growing_backoff_until_success(server):
+    f, log = fetcher()
+    resp = f.get(f"{server.url}/flaky?fail=2&status=500&key=b")
+    assert resp.status == 200 and "all good" in resp.text and resp.attempts == 3
+    assert len(log.waits) == 2 and all(0 < w <= FAST.backoff_max_s for w in log.waits)
+
+
+def test_persistent_500_gives_up_and_says_so(server):
+    f, _ = fetcher()
+    with pytest.raises(FetchError, match=r"HTTP 500 \(server error\) \(gave up after 3 attempts\)"):
+        f.get(f"{server.url}/flaky?fail=99&status=500&key=c")
+    assert server.hits["/flaky:c"] == 3
+
+
+def test_client_errors_are_not_retried(server):
+    f, log = fetcher()
+    with pytest.raises(FetchError, match="HTTP 404"):
+        f.get(f"{server.url}/flaky?fail=99&status=404&key=d")
+    assert log.waits == [] and server.hits["/flaky:d"] == 1
+
+
+def test_429_waits_as_long_as_retry_after_says(server):
+    f, log = fetcher()
+    resp = f.get(f"{server.url}/ratelimit?after=2&key=e")
+    assert resp.status == 200 and log.waits == [2.0]
+
+
+def test_retry_after_over_the_limit_fails_at_once_instead_of_stalling(server):
+    f, log = fetcher()
+    with pytest.raises(FetchError, match=r"rate limited.*Retry-After 120 s is over the 5 s limit"):
+        f.get(f"{server.url}/ratelimit?after=120&key=f")
+    assert log.waits == []
+
+
+def test_retry_after_accepts_an_http_date():
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == pytest.approx(10.0)
+    assert parse_retry_after("soon") is None and parse_retry_after("3") == 3.0
+
+
+def test_truncated_body_is_retried_then_reported(server):
+    f, _ = fetcher()
+    assert "all good" in f.get(f"{server.url}/truncated-once?key=g").text
+    with pytest.raises(FetchError, match=r"connection broke mid-response .*gave up after 3 attempts"):
+        f.get(f"{server.url}/truncated?key=h")
+
+
+def test_ten_megabyte_page_is_cut_at_the_size_cap(server):
+    f, _ = fetcher()
+    resp = f.get(f"{server.url}/huge?mb=10&key=i")
+    assert resp.truncated and len(resp.text.encode()) <= FAST.max_bytes and "lorem ipsum" in resp.text
+
+
+def test_oversized_api_answer_is_refused_not_cut(server):
+    f, _ = fetcher()
+    with pytest.raises(FetchError, match=r"10 MB is over the 200 kB cap"):
+        f.get(f"{server.url}/huge?mb=10&type=application/json&key=j", expect="json", oversize="error")
+
+
+def test_non_text_content_is_refused_by_type_and_by_sniffing(server):
+    f, _ = fetcher()
+    with pytest.raises(FetchError, match=r"not a text page \(application/pdf\)"):
+        f.get(f"{server.url}/pdf")
+    with pytest.raises(FetchError, match="binary content"):
+        f.get(f"{server.url}/binary")
+    with pytest.raises(FetchError, match="expected JSON, got text/html"):
+        f.get(f"{server.url}/flaky?fail=0&key=k", expect="json")
+
+
+def test_bodies_are_decoded_with_the_declared_or_meta_charset(server):
+    f, _ = fetcher()
+    assert "Café crème à Orléans" in f.get(f"{server.url}/latin1").text
+    assert "naïve “quotes”" in f.get(f"{server.url}/meta-charset").text
+
+
+def test_concurrent_requests_to_one_host_are_capped(server):
+    f, _ = fetcher()
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(lambda i: f.get(f"{server.url}/busy?s=0.05&key={i}"), range(12)))
+    assert 1 < server.max_inflight <= FAST.per_host
+
+
+def test_refused_connection_is_retried_then_reported():
+    f, log = fetcher()
+    with pytest.raises(FetchError, match=r"cannot connect to 127.0.0.1:9 \(connection refused\)"):
+        f.get("http://127.0.0.1:9/")
+    assert len(log.waits) == FAST.retries
+
+
+def test_non_http_urls_are_refused_without_a_request():
+    f, _ = fetcher()
+    with pytest.raises(FetchError, match="not an http"):
+        f.get("file:///etc/passwd")
+    assert f.requests_sent == 0

@@ -1,0 +1,173 @@
+"""Loopback servers for the web tests: one that injects faults on demand, and one that
+replays recorded responses of keyed search APIs (Brave, Serper, SearxNG) with their auth."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+FIXTURES = Path(__file__).parent / "web_fixtures"
+BRAVE_KEY = "test-brave-key"
+SERPER_KEY = "test-serper-key"
+PAGE = b"<html><head><title>ok</title></head><body><p>all good</p></body></html>"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True
+
+
+class FaultServer:
+    """A real HTTP server on 127.0.0.1 whose routes misbehave on purpose.
+
+    Routes (``key=`` names an independent counter, so tests do not interfere):
+    ``/slow?s=`` sleeps first; ``/flaky?fail=N&status=S`` fails N times then serves a page;
+    ``/ratelimit?after=A`` answers 429 with ``Retry-After: A`` once; ``/truncated`` (and
+    ``/truncated-once``) promise more bytes than they send; ``/malformed-json``; ``/pdf``;
+    ``/binary`` (no content type); ``/huge?mb=`` streams megabytes of HTML; ``/latin1`` and
+    ``/meta-charset`` test decoding; ``/busy`` records how many requests overlap; and
+    ``/brave/...``, ``/serper/search``, ``/searxng/search`` replay recorded API answers.
+    """
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.max_inflight = 0
+        self.seen_headers: list[dict[str, str]] = []
+        self._httpd = _Server(("127.0.0.1", 0), _handler(self))
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def count(self, key: str) -> int:
+        with self.lock:
+            self.hits[key] += 1
+            return self.hits[key]
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+        def send(self, status: int, ctype: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            if ctype:
+                self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up first (a timeout test)
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if urlsplit(self.path).path == "/serper/search":
+                srv.seen_headers.append(dict(self.headers))
+                if self.headers.get("X-API-KEY") != SERPER_KEY:
+                    return self.send(403, "application/json; charset=utf-8", (FIXTURES / "serper_unauthorized.json").read_bytes())
+                data = json.loads((FIXTURES / "serper_search.json").read_text())
+                data["searchParameters"].update(q=body.get("q"), num=body.get("num"))
+                return self.send(200, "application/json; charset=utf-8", json.dumps(data).encode())
+            self.send(404, "application/json", b'{"error": "no such route"}')
+
+        def do_GET(self) -> None:  # noqa: N802, C901
+            parts = urlsplit(self.path)
+            q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            path, key = parts.path, q.get("key", "")
+            n = srv.count(f"{path}:{key}")
+            if path == "/slow":
+                time.sleep(float(q.get("s", "1")))
+                return self.send(200, "text/html", PAGE)
+            if path == "/flaky":
+                if n <= int(q.get("fail", "1")):
+                    return self.send(int(q.get("status", "500")), "text/plain", b"internal error")
+                return self.send(200, "text/html", PAGE)
+            if path == "/ratelimit":
+                if n == 1:
+                    return self.send(429, "text/plain", b"slow down", {"Retry-After": q.get("after", "1")})
+                return self.send(200, "text/html", PAGE)
+            if path in ("/truncated", "/truncated-once"):
+                if path == "/truncated-once" and n > 1:
+                    return self.send(200, "text/html", PAGE)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", "5000")
+                self.end_headers()
+                self.wfile.write(b"<html><body><p>the start of a page that never ")
+                self.close_connection = True
+                return None
+            if path == "/malformed-json":
+                return self.send(200, "application/json", b'{"results": [{"url": "http://x", "title": ')
+            if path == "/json-page":
+                return self.send(200, "application/json", b'{"ok": true}')
+            if path == "/pdf":
+                return self.send(200, "application/pdf", b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj")
+            if path == "/binary":
+                return self.send(200, "", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 10)
+            if path == "/huge":
+                size = int(float(q.get("mb", "10")) * 1_000_000)
+                self.send_response(200)
+                self.send_header("Content-Type", q.get("type", "text/html; charset=utf-8"))
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                chunk = b"<p>" + b"lorem ipsum dolor sit amet " * 37 + b"</p>\n"
+                sent = 0
+                try:
+                    while sent < size:
+                        piece = chunk[: size - sent]
+                        self.wfile.write(piece)
+                        sent += len(piece)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped reading at its cap, as it should
+                self.close_connection = True
+                return None
+            if path == "/latin1":
+                return self.send(200, "text/html; charset=iso-8859-1", "<p>Café crème à Orléans</p>".encode("latin-1"))
+            if path == "/meta-charset":
+                body = '<html><head><meta charset="windows-1252"></head><body><p>naïve “quotes”</p></body></html>'
+                return self.send(200, "text/html", body.encode("cp1252"))
+            if path == "/busy":
+                with srv.lock:
+                    srv.inflight += 1
+                    srv.max_inflight = max(srv.max_inflight, srv.inflight)
+                time.sleep(float(q.get("s", "0.1")))
+                with srv.lock:
+                    srv.inflight -= 1
+                return self.send(200, "text/html", PAGE)
+            if path == "/brave/res/v1/web/search":
+                srv.seen_headers.append(dict(self.headers))
+                if self.headers.get("X-Subscription-Token") != BRAVE_KEY:
+                    return self.send(422, "application/json", (FIXTURES / "brave_invalid_token.json").read_bytes())
+                data = json.loads((FIXTURES / "brave_web_search.json").read_text())
+                data["query"]["original"] = q.get("q", "")
+                data["web"]["results"] = data["web"]["results"][: int(q.get("count", "20"))]
+                return self.send(200, "application/json", json.dumps(data).encode())
+            if path == "/searxng/search":
+                if q.get("format") != "json":
+                    return self.send(403, "text/html", b"<html><body>403 Forbidden</body></html>")
+                return self.send(200, "application/json", (FIXTURES / "searxng_search.json").read_bytes())
+            return self.send(404, "text/html", b"<html><body>not found</body></html>")
+
+    return Handler
