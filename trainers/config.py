@@ -36,11 +36,13 @@ class SamplerConfig:
     expand_nodes: int = opt(2, "nodes expanded per round (n)")
     rounds: int = opt(1, "expansion rounds (l)")
     leaves: int = opt(3, "leaves kept per tree (k)")
-    expansion: str = opt("with-replacement", "how nodes to expand are drawn", ["with-replacement", "without-replacement"])
+    expansion: str = opt("with_replacement", "how nodes to expand are drawn", ["with_replacement", "without_replacement"])
     temperature: float = opt(1.0, "sampling temperature")
     top_p: float = opt(1.0, "nucleus sampling mass")
     max_new_tokens: int = opt(48, "max tokens per turn")
     max_turns: int = opt(2, "the env's turn budget")
+    context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
+    max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
 
 
 @dataclass
@@ -54,7 +56,8 @@ class AdvantageConfig:
 class LossConfig:
     clip: float = opt(0.2, "PPO clip range ε")
     dual_clip: float = opt(3.0, "dual-clip constant c for negative advantages (0 = off)")
-    kl_coef: float = opt(0.0, "coefficient of the k3 KL to the frozen reference (0 = no reference model; 0.001 is usual)")
+    use_kl: bool = opt(False, "add a k3 KL penalty to a frozen copy of the initial model")
+    kl_coef: float = opt(0.001, "coefficient of the KL penalty (with use_kl)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     agg: str = opt("token-mean", "how per-token losses are reduced", ["token-mean", "seq-mean", "constant"])
     constant_normalizer: float = opt(1024.0, "divisor for agg=constant")
@@ -86,10 +89,12 @@ class ModelConfig:
 class RunConfig:
     out_dir: str = opt("runs", "where run folders are created")
     name: str = opt("", "run folder name (default: algo-env-time)")
+    resume: bool = opt(True, "continue from the latest checkpoint when the run folder has one")
     log_every: int = opt(1, "steps between metric lines")
     save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
     eval_n: int = opt(32, "held-out prompts for EM before/after (0 = skip)")
     eval_split: str = opt("dev", "split used for evaluation")
+    eval_temperature: float = opt(0.0, "sampling temperature for EM before/after (0 = greedy)")
     train_split: str = opt("train", "split used for training prompts")
     tensorboard: bool = opt(True, "write TensorBoard events")
     wandb: bool = opt(False, "log to Weights & Biases (needs `pip install wandb`)")

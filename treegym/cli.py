@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "treegym.bench_cli",
     "treegym.retrieval_index.cli",
     "treegym.envs.web.cli",
+    "treegym.trainers.cli",
 ]
 
 
@@ -31,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Commands that take free-form config overrides (--section.field=value) get the rest.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = extra
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2

@@ -1,0 +1,81 @@
+"""A tiny forkable task and a tiny random transformer, for trainer tests that must show learning.
+
+The task (``TinyKeysEnv``): two turns; a turn is correct when its first word is the key for
+that turn ("A", then "B"). Each correct turn earns 0.5; the observation after turn one says
+"ok" or "no". A random policy over the 11-token vocabulary scores about 0.09 per episode.
+
+The model: a 1-layer Llama with hidden size 32 over an 11-word vocabulary, randomly
+initialised and saved as a local HF folder (config, safetensors, tokenizer.json), so the
+trainers load it through the same path as any local model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+
+VOCAB = ["[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "ok", "no", "go"]
+KEYS = ("A", "B")
+
+
+@dataclass(frozen=True)
+class KeysState:
+    turn: int = 0
+    correct: int = 0
+
+
+class TinyKeysEnv(ForkableEnv[KeysState]):
+    """Say "A", then "B". Reward 0.5 per correct turn; two turns; ``em`` = both correct."""
+
+    def __init__(self, max_turns: int = 2) -> None:
+        super().__init__(max_obs_chars=16, max_action_chars=4096)
+        self.max_turns = min(max_turns, len(KEYS))
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[KeysState, str, dict[str, Any]]:
+        return KeysState(), "go", {}
+
+    def plan(self, action: str) -> list[ToolCall]:
+        return self._remember([], parsed=action)
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        _, action = self._take_pending()
+        s = self.state
+        words = str(action).split()
+        hit = bool(words) and words[0] == KEYS[s.turn]
+        s = replace(s, turn=s.turn + 1, correct=s.correct + int(hit))
+        self.state = s
+        done = s.turn >= self.max_turns
+        info: dict[str, Any] = {"turn": s.turn, "invalid_action": not words}
+        if done:
+            info["em"] = float(s.correct == self.max_turns)
+        return ("" if done else ("ok" if hit else "no")), 0.5 * hit, done, False, info
+
+
+def build_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """Write a random tiny Llama + word-level tokenizer to ``folder`` (once); return it."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[PAD]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+        pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

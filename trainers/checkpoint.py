@@ -1,0 +1,97 @@
+"""Checkpoints that make a run resumable exactly: model, optimiser, RNG streams, data position.
+
+A checkpoint is one file ``checkpoints/step_N.pt`` written atomically (temp file, then
+rename), so an interrupted save never leaves a half-file that a resume would pick up.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from treegym.errors import TreegymError
+
+
+@dataclass
+class TrainState:
+    """What the loop carries between steps besides the weights."""
+
+    step: int = 0  # steps completed
+    data_position: int = 0  # prompts consumed from the training stream
+    tokens_total: int = 0  # generated tokens so far (the rollout budget)
+    nonfinite_streak: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that training changes (all of them, or the LoRA adapters only)."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
+
+
+def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: TrainState, rngs: list[dict[str, Any]] | None = None, keep: int = 2) -> Path:
+    """Write ``step_N.pt``; ``rngs`` holds every process's RNG state (default: this one's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{state.step}.pt"
+    tmp = folder / f".step_{state.step}.pt.tmp"
+    torch.save(
+        {
+            "model": trainable_state(model),
+            "optimizer": optimizer.state_dict(),
+            "rng": rngs if rngs is not None else [rng_state()],
+            "state": state.__dict__,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint files in ``folder``, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.glob("step_*.pt") if p.stem.split("_", 1)[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.stem.split("_", 1)[1]))
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0) -> TrainState:
+    """Restore weights, optimiser and RNG from ``path``; return the loop state to continue from."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+        missing = set(trainable_state(model)) - set(data["model"])
+        if missing:
+            raise KeyError(f"weights missing for {sorted(missing)[:3]}")
+        model.load_state_dict(data["model"], strict=False)
+        optimizer.load_state_dict(data["optimizer"])
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        raise TreegymError(f"checkpoint {path} cannot be loaded ({exc}); delete it to resume from an older one") from exc
+    rngs = data["rng"]
+    if rank >= len(rngs):
+        raise TreegymError(f"checkpoint {path} was written by {len(rngs)} processes; resume it with as many")
+    set_rng_state(rngs[rank])
+    return TrainState(**data["state"])

@@ -1,0 +1,83 @@
+"""Token log-probs of rollouts under a causal LM: padding, one forward per chunk, entropy.
+
+The loss needs log π(token | prefix) for the action tokens of each rollout. ``TokenScorer``
+runs the decoder once over a right-padded chunk of rollouts and applies the LM head only at
+the positions that predict action tokens, so the full ``[batch, time, vocab]`` logits tensor
+is never built (it dominates memory for 50k-token vocabularies). Log-probs are at
+temperature 1: the model's own distribution.
+
+``TokenScorer`` is an ``nn.Module`` so that it can be wrapped in DDP as a whole: the forward
+that DDP sees is the forward whose gradients it reduces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from treegym.trainers.types import Rollout
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Rollouts as right-padded tensors, shifted so that position t predicts token t + 1."""
+
+    input_ids: Tensor  # [B, T]
+    attention_mask: Tensor  # [B, T]
+    targets: Tensor  # [B, T-1]: input_ids[:, 1:]
+    mask: Tensor  # [B, T-1]: 1 where targets[:, t] is an action token
+    behaviour_logprobs: Tensor  # [B, T-1], aligned with targets
+    extras: dict[str, Tensor]  # per-token tensors aligned with targets (advantages, weights ...)
+
+
+def pad_rollouts(rollouts: Sequence[Rollout], pad_id: int, extras: dict[str, Sequence[Tensor]] | None = None) -> PaddedBatch:
+    """Right-pad ``rollouts``; per-token ``extras`` (one tensor per rollout) are padded with 0."""
+    length = max(len(r.token_ids) for r in rollouts)
+    b = len(rollouts)
+    ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, length), dtype=torch.long)
+    mask = torch.zeros((b, length), dtype=torch.float32)
+    blp = torch.zeros((b, length), dtype=torch.float32)
+    ext = {k: torch.zeros((b, length), dtype=torch.float32) for k in (extras or {})}
+    for i, r in enumerate(rollouts):
+        n = len(r.token_ids)
+        ids[i, :n] = torch.tensor(r.token_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
+        blp[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+        for k, values in (extras or {}).items():
+            ext[k][i, :n] = values[i].to(torch.float32)
+    # Token t is predicted at position t - 1: drop the first column of per-token data.
+    return PaddedBatch(ids, attn, ids[:, 1:], mask[:, 1:], blp[:, 1:], {k: v[:, 1:] for k, v in ext.items()})
+
+
+class TokenScorer(nn.Module):
+    """log π(target) and the policy's entropy at every position of a padded batch.
+
+    Positions outside ``mask`` get log-prob 0 and entropy 0; the LM head runs only where
+    ``mask`` is set.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, targets: Tensor, mask: Tensor,
+                with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = hidden[:, :-1]
+        where = mask > 0
+        logits = base.get_output_embeddings()(hidden[where]).float()
+        logp_all = torch.log_softmax(logits, dim=-1)
+        picked = logp_all.gather(-1, targets[where][:, None]).squeeze(-1)
+        logp = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+        logp = logp.masked_scatter(where, picked)
+        entropy = torch.zeros_like(logp)
+        if with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+            entropy = entropy.masked_scatter(where, ent)
+        return logp, entropy

@@ -1,0 +1,363 @@
+"""The training loop shared by every algorithm. Reads top to bottom.
+
+Each step: sample prompts -> roll out with the algorithm's sampler -> rewards -> advantages
+-> old (and reference) log-probs with the pre-update model -> ``ppo_epochs`` x mini-batches,
+each accumulated over micro-batches, clipped, stepped -> log -> checkpoint.
+
+Log-probs: the loss scores rollout tokens with the HF model itself at temperature 1. The
+"old" log-probs of the ratio are recomputed with the same code path on the pre-update
+weights (one no-grad forward per chunk), rather than taken from the sampler, so that the
+ratio is exactly 1 before the first update whatever the sampling temperature, top-p or
+kernel differences between generation and scoring. The sampler's behaviour log-probs are
+kept for a diagnostic (``logprob_gap``: how far the scorer is from what the sampler saw).
+
+Runs under ``torchrun`` as data-parallel replicas (DDP); every process samples its own
+prompts and the gradients are averaged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from treegym.agents.policy import SamplingParams
+from treegym.errors import TreegymError
+from treegym.trainers import runtime as rt
+from treegym.trainers.advantages import get_advantage
+from treegym.trainers.algorithms import advantage_kwargs, get_algorithm, leaves_per_prompt, loss_kwargs
+from treegym.trainers.checkpoint import (
+    TrainState,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+)
+from treegym.trainers.config import TrainConfig, to_dict
+from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
+from treegym.trainers.losses import aggregate, get_policy_loss, kl_k3
+from treegym.trainers.rollout import sample_chains, sample_trees
+from treegym.trainers.runlog import RunLog, plot_metrics
+from treegym.trainers.types import Rollout, RolloutBatch
+
+MAX_NONFINITE_STREAK = 3
+
+
+class TrainingError(TreegymError):
+    """Training cannot go on (e.g. the loss stayed non-finite)."""
+
+
+@dataclass
+class RunResult:
+    folder: Path
+    steps: int
+    em_before: float | None
+    em_after: float | None
+    tokens_total: int
+    seconds: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    replica_digests: list[str] = field(default_factory=list)
+
+
+def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
+    t_start = time.time()
+    dist, device = rt.setup_distributed(cfg.model_opts.device)
+    try:
+        return _train(cfg, dist, device, progress, t_start)
+    finally:
+        rt.teardown_distributed()
+
+
+def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool, t_start: float) -> RunResult:
+    algo = get_algorithm(cfg.algo)
+    rt.seed_everything(cfg.seed * 1000 + dist.rank)
+
+    # ---- run folder, model, optimiser, envs --------------------------------------------------
+    folder = rt.broadcast_object(_run_folder(cfg) if dist.main else None, dist)
+    model, tokenizer = rt.load_trainable_model(cfg, device)
+    scorer = TokenScorer(model)
+    trainer = DistributedDataParallel(scorer) if dist.on else scorer
+    reference = rt.frozen_copy(model) if cfg.loss.use_kl else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    policy = rt.make_policy(model, tokenizer)
+    env = rt.make_env(cfg, cfg.run.train_split)
+    eval_env = rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
+    ids = rt.task_ids(env)
+    mode = cfg.sampler.context_mode
+    if mode == "auto":
+        mode = "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+    sampling = SamplingParams(temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p,
+                              max_new_tokens=cfg.sampler.max_new_tokens)
+    advantage_fn, adv_kwargs = get_advantage(algo.advantage), advantage_kwargs(algo, cfg)
+    loss_fn, l_kwargs = get_policy_loss(algo.loss), loss_kwargs(algo, cfg)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def rollout(env_: Any, prompts: list[Any], step_seed: int, *, group: int | None = None,
+                params: SamplingParams = sampling) -> RolloutBatch:
+        common = {"max_turns": cfg.sampler.max_turns, "mode": mode, "max_context_tokens": cfg.sampler.max_context_tokens}
+        with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
+            if group is not None or algo.sampler == "chains":
+                return sample_chains(policy, env_, prompts, group or cfg.sampler.group_size, params, **common)
+            s = cfg.sampler
+            return sample_trees(policy, env_, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves,
+                                params=params, expansion=s.expansion, seed=step_seed, **common)
+
+    def evaluate() -> float | None:
+        if eval_env is None:
+            return None
+        prompts = rt.eval_prompts(rt.task_ids(eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
+        params = SamplingParams(temperature=cfg.run.eval_temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens)
+        got = rollout(eval_env, prompts, 0, group=1, params=params).rollouts if prompts else []
+        hits, n = rt.all_sum([sum(_em(r) for r in got), len(got)], dist, device)
+        return hits / max(n, 1.0)
+
+    # ---- resume ------------------------------------------------------------------------------
+    state = TrainState()
+    ckpts = list_checkpoints(folder / "checkpoints") if cfg.run.resume else []
+    if ckpts:
+        state = load_checkpoint(ckpts[-1], model, optimizer, dist.rank)
+        if dist.main:
+            print(f"resumed from {ckpts[-1]} (step {state.step})")
+    log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
+                 config=to_dict(cfg), resume_step=state.step) if dist.main else None
+    if "em_before" not in state.extra:
+        state.extra["em_before"] = evaluate()
+        if log is not None and state.extra["em_before"] is not None:
+            log.log(0, {"eval_em": state.extra["em_before"], "tokens_total": 0})
+
+    # ---- the loop ----------------------------------------------------------------------------
+    bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.algo} on {cfg.env}", disable=not (progress and dist.main))
+    expected = cfg.prompts_per_step * leaves_per_prompt(algo, cfg)
+    n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
+    n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
+    last_batch: RolloutBatch | None = None
+    while state.step < cfg.steps:
+        t0 = time.time()
+        # 1. prompts: this process's slice of the global stream
+        start = state.data_position + dist.rank * cfg.prompts_per_step
+        prompts = rt.train_prompts(ids, cfg.seed, start, cfg.prompts_per_step)
+        state.data_position += cfg.prompts_per_step * dist.world
+
+        # 2-3. roll out; the sampler's leaves carry their rewards
+        model.eval()
+        batch = rollout(env, prompts, cfg.seed * 100_003 + state.step * dist.world + dist.rank)
+        rollouts = batch.rollouts
+        t_sample = time.time() - t0
+
+        # 4. advantages, per action token
+        adv = advantage_fn(rollouts, **adv_kwargs)
+        data = pad_rollouts(rollouts, pad_id, {"advantages": adv.advantages, "weights": adv.weights})
+
+        # 5a. old and reference log-probs: the pre-update model, no grad
+        old_logp = _score(scorer, data, cfg, device, with_entropy=False)
+        ref_logp = None
+        if reference is not None or (cfg.loss.use_kl and hasattr(model, "disable_adapter")):
+            ref_model, scope = rt.reference_scope(model, reference)
+            with scope:
+                ref_logp = _score(TokenScorer(ref_model), data, cfg, device, with_entropy=False)
+
+        # 5b. ppo_epochs x mini-batches x micro-batches. Non-finite inputs skip the whole step
+        # before any update; a non-finite loss or gradient met later skips the rest of it.
+        if cfg.model_opts.gradient_checkpointing:
+            model.train()
+        stats: dict[str, list[float]] = {}
+        bad_inputs = not (torch.isfinite(old_logp).all() and torch.isfinite(data.extras["advantages"]).all())
+        nonfinite = rt.any_rank(bool(bad_inputs), dist, device)
+        epochs = 0 if nonfinite else cfg.optim.ppo_epochs
+        for _ in range(epochs):
+            order = torch.randperm(len(rollouts)).tolist()
+            for m in range(n_mini):
+                mb = order[m * cfg.optim.mini_batch_size : (m + 1) * cfg.optim.mini_batch_size]
+                norm = _normaliser(data, mb, cfg.loss.agg)
+                optimizer.zero_grad(set_to_none=True)
+                for u in range(n_micro):
+                    micro = mb[u * cfg.optim.micro_batch_size : (u + 1) * cfg.optim.micro_batch_size]
+                    # Every process runs the same number of forward/backward passes (DDP
+                    # reduces gradients in lock-step); an empty micro-batch scores row 0 x 0.
+                    rows, scale = (micro, 1.0) if micro else ([0], 0.0)
+                    sync = u == n_micro - 1
+                    ctx = trainer.no_sync() if (dist.on and not sync) else contextlib.nullcontext()
+                    with ctx, rt.autocast(device, cfg.model_opts.bf16):
+                        ids_, attn, tgt, mask = (x[rows].to(device) for x in
+                                                 (data.input_ids, data.attention_mask, data.targets, data.mask))
+                        logp, entropy = trainer(ids_, attn, tgt, mask, with_entropy=True)
+                        a = data.extras["advantages"][rows].to(device)
+                        w = data.extras["weights"][rows].to(device)
+                        out = loss_fn(logp, old_logp[rows].to(device), a, mask, weights=w, **l_kwargs)
+                        loss = out.loss - cfg.loss.entropy_coef * aggregate(entropy, mask, cfg.loss.agg, cfg.loss.constant_normalizer)
+                        if ref_logp is not None:
+                            kl = aggregate(kl_k3(logp, ref_logp[rows].to(device)), mask, cfg.loss.agg, cfg.loss.constant_normalizer)
+                            loss = loss + cfg.loss.kl_coef * kl
+                            _add(stats, "kl_ref", kl.item())
+                        loss = loss * scale * _micro_share(data, micro, norm, cfg.loss.agg)
+                    if rt.any_rank(not torch.isfinite(loss).item(), dist, device):
+                        nonfinite = True
+                        break
+                    loss.backward()
+                    if micro:
+                        for key in ("pg_loss", "pg_loss1", "pg_loss2", "approx_kl", "clipfrac", "ratio_mean"):
+                            _add(stats, key, getattr(out, key).item())
+                        _add(stats, "entropy", (entropy * mask).sum().item() / max(mask.sum().item(), 1.0))
+                if nonfinite:
+                    break
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+                if rt.any_rank(not math.isfinite(float(grad_norm)), dist, device):
+                    nonfinite = True
+                    break
+                _add(stats, "grad_norm", float(grad_norm))
+                optimizer.step()
+            if nonfinite:
+                break
+        model.eval()
+
+        # non-finite loss: the step is skipped (weights already stepped this step are kept:
+        # they came from finite losses); three in a row stop the run
+        if nonfinite:
+            optimizer.zero_grad(set_to_none=True)
+            state.nonfinite_streak += 1
+            warnings.warn(f"step {state.step + 1}: non-finite loss, update skipped "
+                          f"({state.nonfinite_streak}/{MAX_NONFINITE_STREAK} in a row)", stacklevel=1)
+            if state.nonfinite_streak >= MAX_NONFINITE_STREAK:
+                raise TrainingError(
+                    f"the loss was non-finite in {MAX_NONFINITE_STREAK} consecutive steps (last: step "
+                    f"{state.step + 1}); lower optim.lr, check the rewards for NaN, or resume from "
+                    f"{folder / 'checkpoints'}")
+        else:
+            state.nonfinite_streak = 0
+
+        # 6. log
+        state.step += 1
+        bud = batch.budget
+        totals = rt.all_sum([sum(r.reward for r in rollouts), sum(_em(r) for r in rollouts), len(rollouts),
+                             bud.generated_tokens, bud.prefill_tokens, bud.reused_tokens, bud.tool_calls,
+                             bud.env_steps, _logprob_gap(data, old_logp), sum(data.mask.sum(-1).tolist())],
+                            dist, device)
+        state.tokens_total += int(totals[3])
+        n = max(totals[2], 1.0)
+        metrics = {
+            "reward": totals[0] / n, "em": totals[1] / n, "trajectories": int(totals[2]),
+            "generated_tokens": int(totals[3]), "prefill_tokens": int(totals[4]), "reused_tokens": int(totals[5]),
+            "tool_calls": int(totals[6]), "env_steps": int(totals[7]), "tokens_total": state.tokens_total,
+            "logprob_gap": totals[8] / dist.world, "action_tokens_per_traj": totals[9] / n,
+            "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
+            "skipped": int(nonfinite), "time_sample": t_sample, "time_step": time.time() - t0,
+            **{k: sum(v) / len(v) for k, v in stats.items()},
+        }
+        if log is not None and state.step % cfg.run.log_every == 0:
+            log.log(state.step, metrics)
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('approx_kl', 0):.4f}",
+                        tokens=state.tokens_total)
+        last_batch = batch
+
+        # 7. checkpoint (every process contributes its RNG stream)
+        if (cfg.run.save_every and state.step % cfg.run.save_every == 0) or state.step == cfg.steps:
+            rngs = rt.gather_objects(rng_state(), dist)
+            if dist.main:
+                save_checkpoint(folder / "checkpoints", model, optimizer, state, rngs)
+    bar.close()
+
+    # ---- after training: EM after, plots, trees, summary ------------------------------------
+    em_after = evaluate()
+    digests = rt.gather_objects(rt.weights_digest(model), dist)
+    history: list[dict[str, Any]] = []
+    if log is not None:
+        if em_after is not None:
+            log.log(state.step, {"eval_em": em_after, "tokens_total": state.tokens_total})
+        log.close()
+        from treegym.trainers.runlog import read_metrics
+
+        history = read_metrics(folder / "metrics.jsonl")
+        plot_metrics(folder)
+        if cfg.run.trees_html and last_batch is not None:
+            _write_trees(last_batch, tokenizer, folder / "trees.html")
+    if len(set(digests)) > 1:
+        raise TrainingError(f"data-parallel replicas diverged: weight digests {digests}")
+    return RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
+                     time.time() - t_start, history, digests)
+
+
+# ---- helpers (pure or local) ------------------------------------------------------------------
+
+
+def _em(r: Rollout) -> float:
+    """Exact match of a trajectory: the env's ``em`` info; 0 for a QA episode that never
+    answered (its info has ``answers`` but no ``em``); the reward for envs without EM."""
+    if "em" in r.info:
+        return float(r.info["em"])
+    return 0.0 if "answers" in r.info else float(r.reward)
+
+
+def _add(stats: dict[str, list[float]], key: str, value: float) -> None:
+    stats.setdefault(key, []).append(value)
+
+
+def _score(scorer: TokenScorer, data: PaddedBatch, cfg: TrainConfig, device: torch.device, *, with_entropy: bool) -> torch.Tensor:
+    """Log-probs of every rollout under the current weights, chunk by chunk, without grad."""
+    out = []
+    with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
+        for rows in rt.chunks(list(range(len(data.input_ids))), cfg.optim.micro_batch_size):
+            x = [t[list(rows)].to(device) for t in (data.input_ids, data.attention_mask, data.targets, data.mask)]
+            logp, _ = scorer(*x, with_entropy=with_entropy)
+            out.append(logp.float().cpu())
+    return torch.cat(out) if out else torch.zeros_like(data.mask)
+
+
+def _normaliser(data: PaddedBatch, rows: list[int], agg: str) -> float:
+    """The mini-batch's token count (token-mean) or sequence count (seq-mean)."""
+    if not rows:
+        return 1.0
+    if agg == "token-mean":
+        return max(float(data.mask[rows].sum()), 1.0)
+    if agg == "seq-mean":
+        return max(float((data.mask[rows].sum(-1) > 0).sum()), 1.0)
+    return 1.0
+
+
+def _micro_share(data: PaddedBatch, rows: list[int], norm: float, agg: str) -> float:
+    """Scale a micro-batch's own mean so that the accumulated sum is the mini-batch's mean."""
+    if not rows or agg == "constant":
+        return 1.0
+    if agg == "token-mean":
+        return float(data.mask[rows].sum()) / norm
+    return float((data.mask[rows].sum(-1) > 0).sum()) / norm
+
+
+def _logprob_gap(data: PaddedBatch, logp: torch.Tensor) -> float:
+    """Mean |scorer - sampler| log-prob on action tokens (meaningful at temperature 1, top-p 1)."""
+    m = data.mask
+    return float(((logp - data.behaviour_logprobs).abs() * m).sum() / m.sum().clamp(min=1.0))
+
+
+def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path) -> None:
+    try:
+        from treegym.agents import tree_html
+    except ImportError:
+        return
+    writer = getattr(tree_html, "write_trees_html", None) or getattr(tree_html, "write_html", None)
+    if writer is None:
+        return
+    try:
+        writer(batch.trees, path)
+    except Exception as exc:  # a view is a convenience: never lose a finished run over it
+        warnings.warn(f"could not write {path}: {exc}", stacklevel=1)
+
+
+def _run_folder(cfg: TrainConfig) -> Path:
+    name = cfg.run.name or f"{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = Path(cfg.run.out_dir).expanduser() / name
+    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return folder

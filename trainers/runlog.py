@@ -1,0 +1,113 @@
+"""A run folder's outputs: metrics as JSONL (+ TensorBoard, optional W&B) and plots.
+
+Layout of a run folder::
+
+    config.yaml        the full config of the run
+    metrics.jsonl      one JSON object per logged step
+    tb/                TensorBoard events
+    checkpoints/       step_N.pt (see treegym.trainers.checkpoint)
+    plots/             reward and EM against step and against generated tokens
+    trees.html         the last step's rollout trees (when the HTML view is available)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from treegym.errors import MissingPackageError
+
+
+class RunLog:
+    """Append-only metrics sink: JSONL always, TensorBoard and W&B when asked."""
+
+    def __init__(self, folder: Path, *, tensorboard: bool = True, wandb: bool = False,
+                 config: dict[str, Any] | None = None, resume_step: int | None = None) -> None:
+        self.folder = folder
+        self.path = folder / "metrics.jsonl"
+        if resume_step is not None:
+            truncate_metrics(self.path, resume_step)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(folder / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+            except ImportError:
+                warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=2)
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError as exc:
+                raise MissingPackageError("wandb", "logging to Weights & Biases (run.wandb=true)") from exc
+            self._wandb = wb.init(project="treegym", name=folder.name, config=config, dir=str(folder), resume="allow")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=float) + "\n")
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop lines logged after ``last_step`` (they belong to steps a resume will redo)."""
+    rows = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def plot_metrics(folder: Path, keys: tuple[str, ...] = ("reward", "em")) -> list[Path]:
+    """Plot each key against step and against cumulative generated tokens; return the files."""
+    rows = [r for r in read_metrics(folder / "metrics.jsonl") if "reward" in r]
+    if not rows:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed: no plots (pip install matplotlib)", stacklevel=2)
+        return []
+    out_dir = folder / "plots"
+    out_dir.mkdir(exist_ok=True)
+    files = []
+    for x_key, x_label in (("step", "step"), ("tokens_total", "generated tokens")):
+        fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.5))
+        for ax, key in zip(axes if len(keys) > 1 else [axes], keys):
+            pts = [(r[x_key], r[key]) for r in rows if key in r and x_key in r]
+            if pts:
+                ax.plot(*zip(*pts), marker=".")
+            ax.set_xlabel(x_label)
+            ax.set_ylabel(key)
+            ax.grid(alpha=0.3)
+        fig.suptitle(folder.name)
+        fig.tight_layout()
+        path = out_dir / f"{'_'.join(keys)}_vs_{x_key}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        files.append(path)
+    return files
