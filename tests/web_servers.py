@@ -3,6 +3,7 @@ replays recorded responses of keyed search APIs (Brave, Serper, SearxNG) with th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -75,10 +76,9 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            try:
+            # The client may have given up first (a timeout test).
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up first (a timeout test)
 
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
@@ -118,7 +118,7 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"<html><body><p>the start of a page that never ")
                 self.close_connection = True
                 return None
-            if path == "/malformed-json":
+            if path.startswith("/malformed-json"):
                 return self.send(200, "application/json", b'{"results": [{"url": "http://x", "title": ')
             if path == "/json-page":
                 return self.send(200, "application/json", b'{"ok": true}')
@@ -171,3 +171,16 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
             return self.send(404, "text/html", b"<html><body>not found</body></html>")
 
     return Handler
+
+
+KEY_TITLES = ("Hamlet", "William Shakespeare", "Abraham Lincoln", "Paris", "France", "England", "United States",
+              "Denmark", "London")
+
+
+def small_corpus(extra: int = 150) -> list:
+    """The built-in passages about the test questions' answers, plus the first ``extra`` others."""
+    from treegym.retrieval_index.corpus import wiki_documents
+
+    docs = wiki_documents()
+    keep = [d for d in docs if d.title in KEY_TITLES]
+    return keep + [d for d in docs[:extra] if d.title not in KEY_TITLES]

@@ -16,8 +16,11 @@ from urllib.parse import urldefrag, urljoin
 # Content inside these tags is dropped whole: code, and the chrome around the article.
 SKIP_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "iframe", "canvas", "nav", "header",
                        "footer", "aside", "form", "button", "select", "menu", "head"})
-BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "br", "li", "ul", "ol", "table", "tr", "h1", "h2",
-                        "h3", "h4", "h5", "h6", "blockquote", "pre", "dl", "dt", "dd", "figure", "figcaption", "hr"})
+# Blocks are paragraphs (a blank line around them); line tags only start a new line.
+BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "ul", "ol", "table", "h1", "h2", "h3", "h4", "h5",
+                        "h6", "blockquote", "pre", "dl", "figure", "figcaption", "hr"})
+LINE_TAGS = frozenset({"br", "li", "tr", "dt", "dd"})
+_SPACE = re.compile(r"\s+")
 VOID_TAGS = frozenset({"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "wbr"})
 
 
@@ -48,6 +51,7 @@ class _Reader(HTMLParser):
         self.links: list[Link] = []
         self.href: str | None = None
         self.anchor: list[str] = []
+        self.in_pre = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "title":
@@ -59,9 +63,13 @@ class _Reader(HTMLParser):
         if self.skip_stack:
             return
         if tag in BLOCK_TAGS:
-            self.parts.append("\n")
-            if tag == "li":
-                self.parts.append("- ")
+            self.parts.append("\n\n")
+        elif tag in LINE_TAGS:
+            self.parts.append("\n- " if tag == "li" else "\n")
+        elif tag in ("td", "th"):
+            self.parts.append(" ")
+        if tag == "pre":
+            self.in_pre += 1
         if tag == "a":
             href = dict(attrs).get("href")
             if href and not href.startswith(("javascript:", "mailto:", "#")):
@@ -79,7 +87,9 @@ class _Reader(HTMLParser):
                 del self.skip_stack[self.skip_stack.index(tag):]
             return
         if tag in BLOCK_TAGS:
-            self.parts.append("\n")
+            self.parts.append("\n\n")
+        if tag == "pre" and self.in_pre:
+            self.in_pre -= 1
         if tag == "a" and self.href is not None:
             text = " ".join("".join(self.anchor).split())
             if text:
@@ -92,6 +102,8 @@ class _Reader(HTMLParser):
             return
         if self.skip_stack:
             return
+        if not self.in_pre:
+            data = _SPACE.sub(" ", data)  # a line break in HTML source is just a space
         self.parts.append(data)
         if self.href is not None:
             self.anchor.append(data)
@@ -106,8 +118,8 @@ def html_to_text(html: str, base_url: str = "") -> PageText:
     except (AssertionError, ValueError):  # html.parser gives up on some broken markup; keep what it read
         pass
     raw = "".join(reader.parts)
-    lines = [" ".join(line.split()) for line in raw.split("\n")]
-    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    lines = [line.strip(" \t\r\f\v") for line in raw.split("\n")]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(line if line.strip() else "" for line in lines)).strip()
     seen: set[str] = set()
     links = []
     for link in reader.links:
