@@ -25,6 +25,9 @@ from treegym.retrieval_index.types import Hit, Retriever
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+# An oversize body up to this size is read and dropped before the 413, so the client sees the
+# answer (closing on unread data resets the connection); beyond it we just close.
+DISCARD_LIMIT = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class _Endpoints(BaseHTTPRequestHandler):
 
     server: RetrievalServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client's session reuses its connection
+    timeout = 60  # seconds a connection may sit idle or stall mid-body before it is dropped
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -178,6 +182,8 @@ class _Endpoints(BaseHTTPRequestHandler):
             self._refuse(400, f"bad Content-Length {length_header!r}", close=True)
             return None
         if length > self.server.limits.max_body_bytes:
+            if length <= DISCARD_LIMIT:
+                self._discard(length)
             self._refuse(413, f"body of {length} bytes; the limit is {self.server.limits.max_body_bytes}", close=True)
             return None
         body = self.rfile.read(length)
@@ -185,6 +191,13 @@ class _Endpoints(BaseHTTPRequestHandler):
             self._refuse(400, f"body ended after {len(body)} of {length} bytes", close=True)
             return None
         return body
+
+    def _discard(self, length: int) -> None:
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 16))
+            if not chunk:
+                return
+            length -= len(chunk)
 
     def _method_not_allowed(self) -> None:
         self._refuse(405, f"{self.command} is not supported; use POST /retrieve or GET /health", close=True)
