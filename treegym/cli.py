@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "treegym.envs.cli",
     "treegym.bench_cli",
     "treegym.retrieval_index.cli",
+    "treegym.retrieval_index.data_cli",
     "treegym.envs.web.cli",
     "treegym.trainers.cli",
 ]
