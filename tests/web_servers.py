@@ -95,7 +95,10 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802, C901
             parts = urlsplit(self.path)
             q = {k: v[0] for k, v in parse_qs(parts.query).items()}
-            path, key = parts.path, q.get("key", "")
+            # The first path segment picks the route, so a backend that appends "/search" to
+            # its base URL still reaches it; the query text doubles as the counter key.
+            path = "/" + parts.path.strip("/").split("/")[0]
+            key = q.get("key", q.get("q", ""))
             n = srv.count(f"{path}:{key}")
             if path == "/slow":
                 time.sleep(float(q.get("s", "1")))
@@ -118,7 +121,7 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"<html><body><p>the start of a page that never ")
                 self.close_connection = True
                 return None
-            if path.startswith("/malformed-json"):
+            if path == "/malformed-json":
                 return self.send(200, "application/json", b'{"results": [{"url": "http://x", "title": ')
             if path == "/json-page":
                 return self.send(200, "application/json", b'{"ok": true}')
@@ -156,7 +159,9 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
                 with srv.lock:
                     srv.inflight -= 1
                 return self.send(200, "text/html", PAGE)
-            if path == "/brave/res/v1/web/search":
+            if path == "/down":
+                return self.send(503, "text/html", b"<html><body>Service Unavailable</body></html>")
+            if path == "/brave":
                 srv.seen_headers.append(dict(self.headers))
                 if self.headers.get("X-Subscription-Token") != BRAVE_KEY:
                     return self.send(422, "application/json", (FIXTURES / "brave_invalid_token.json").read_bytes())
@@ -164,7 +169,7 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
                 data["query"]["original"] = q.get("q", "")
                 data["web"]["results"] = data["web"]["results"][: int(q.get("count", "20"))]
                 return self.send(200, "application/json", json.dumps(data).encode())
-            if path == "/searxng/search":
+            if path == "/searxng":
                 if q.get("format") != "json":
                     return self.send(403, "text/html", b"<html><body>403 Forbidden</body></html>")
                 return self.send(200, "application/json", (FIXTURES / "searxng_search.json").read_bytes())

@@ -18,6 +18,7 @@ backend and the real server its tests run against.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -129,6 +130,31 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # a pool of 64 envs connects at once; the default backlog is 5
     allow_reuse_address = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_connections: set[Any] = set()
+        self._conn_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            self.open_connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self.open_connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Close kept-alive connections too, so that a stopped server is really gone."""
+        import socket
+
+        with self._conn_lock:
+            conns, self.open_connections = list(self.open_connections), set()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
 
@@ -151,6 +177,9 @@ class LocalWeb:
         self.site = Site(tuple(docs) if docs is not None else wiki_documents())
         self.latency_s = latency_s
         self.requests = 0
+        self.inflight = 0
+        self.max_inflight = 0  # most requests served at once (shows that clients overlap)
+        self._count_lock = threading.Lock()
         self._httpd = _Server((host, port), _make_handler(self))
         self._thread: threading.Thread | None = None
 
@@ -175,6 +204,7 @@ class LocalWeb:
             self._thread.join(timeout=5)
             self._thread = None
         self._httpd.server_close()
+        self._httpd.drop_connections()
 
     def __enter__(self) -> LocalWeb:
         return self.start()
@@ -271,9 +301,16 @@ def _make_handler(web: LocalWeb) -> type[BaseHTTPRequestHandler]:
                     status, ctype, data, extra = web.handle(method, parts.path, parse_qs(parts.query), body)
                 except Exception as exc:  # a bug must not kill the server thread silently
                     status, ctype, data, extra = _json(500, {"error": f"{type(exc).__name__}: {exc}"})
-            web.requests += 1
-            if web.latency_s:
-                time.sleep(web.latency_s)
+            with web._count_lock:
+                web.requests += 1
+                web.inflight += 1
+                web.max_inflight = max(web.max_inflight, web.inflight)
+            try:
+                if web.latency_s:
+                    time.sleep(web.latency_s)
+            finally:
+                with web._count_lock:
+                    web.inflight -= 1
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))

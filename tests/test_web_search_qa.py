@@ -1,0 +1,223 @@
+"""WebSearchQA-v0 end to end, against a real local web on 127.0.0.1, with faults injected."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import requests
+from gymnasium.utils.env_checker import check_env
+from web_servers import FaultServer, small_corpus
+
+import treegym  # noqa: F401 (registers the ids)
+from treegym.envs import EnvPool
+from treegym.envs.checker import check_fork_contract
+from treegym.envs.web.http import HttpConfig
+from treegym.envs.web.local_web import LocalWeb
+from treegym.envs.web_search_qa import WebSearchQAEnv
+from treegym.errors import ConfigError
+
+QA = str(Path(__file__).parent / "web_fixtures" / "qa.jsonl")
+NET = HttpConfig(connect_timeout_s=2.0, read_timeout_s=5.0, retries=1, backoff_base_s=0.01, backoff_max_s=0.02)
+IMPATIENT = HttpConfig(connect_timeout_s=1.0, read_timeout_s=0.3, retries=1, backoff_base_s=0.01, backoff_max_s=0.02)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return small_corpus()
+
+
+@pytest.fixture(scope="module")
+def web(docs):
+    with LocalWeb(docs) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def faults():
+    srv = FaultServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def make(web, tmp_path):
+    def build(**kw):
+        kw.setdefault("dataset", QA)
+        kw.setdefault("search_url", web.url)
+        kw.setdefault("cache_path", str(tmp_path / "cache.sqlite"))
+        kw.setdefault("http", NET)
+        return WebSearchQAEnv(**kw)
+
+    return build
+
+
+def first_url(obs: str) -> str:
+    return re.search(r"URL: (\S+)", obs).group(1)
+
+
+def test_an_episode_searches_browses_part_by_part_and_answers(make, web):
+    env = make(page_chars=300)
+    obs, info = env.reset(options={"task_id": "web-1"})
+    assert "Who wrote the tragedy Hamlet?" in obs and "<browse>" in obs
+    obs, *_ = env.step("<think>find the play</think><search>Hamlet tragedy</search>")
+    assert obs.count("Doc ") >= 1 and "(Title: Hamlet)" in obs
+    url = first_url(obs)
+    obs, reward, term, trunc, info = env.step(f"<think>read it</think><browse>{url}</browse>")
+    assert "Part 1 of " in obs and "William Shakespeare" in obs and f"<browse>{url}#page=2</browse>" in obs
+    assert "treegym local web" not in obs.split("Part 1")[1]  # header/nav/footer are stripped
+    obs, *_ = env.step("<think>more</think><browse>next</browse>")
+    assert "Part 2 of " in obs
+    obs, reward, term, trunc, info = env.step("<think>done</think><answer>Shakespeare</answer>")
+    assert (reward, term, trunc) == (1.0, True, False) and info["em"] == 1.0
+    assert info["visited"] == [f"{url}#page=1", f"{url}#page=2"]
+
+
+def test_the_registered_id_builds_the_env(web, tmp_path):
+    env = gym.make("WebSearchQA-v0", dataset=QA, search_url=web.url, cache_path=str(tmp_path / "c.sqlite"))
+    obs, _ = env.reset(seed=1)
+    assert "Question:" in obs
+
+
+def test_gymnasium_check_env_passes_without_warnings(make):
+    env = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env, skip_render_check=True)
+
+
+def test_fork_contract_holds(make):
+    check_fork_contract(
+        lambda: make(page_chars=300),
+        ["<search>Hamlet</search>", "<browse>next</browse>", "<search>William Shakespeare</search>",
+         "<answer>Shakespeare</answer>"],
+        alt_actions=["<search>Paris</search>", "<answer>Paris</answer>"],
+        reset_options={"task_id": "web-1"},
+    )
+
+
+def test_a_fork_that_repeats_a_query_is_served_from_the_cache(make, web):
+    env = make()
+    env.reset(options={"task_id": "web-2"})
+    env.step("<search>sixteenth president Lincoln</search>")
+    before = web.requests
+    child = env.fork()
+    obs, *_ = child.step("<search>sixteenth president Lincoln</search>")
+    assert "Abraham Lincoln" in obs and web.requests == before
+    assert env.cache.stats.hits >= 1
+    assert child.tools is env.tools and child.cache is env.cache
+
+
+def test_forks_never_share_page_state(make, web):
+    env = make(page_chars=300)
+    env.reset(options={"task_id": "web-1"})
+    env.step(f"<browse>{web.url}/wiki/Hamlet</browse>")
+    child = env.fork()
+    child.step(f"<browse>{web.url}/wiki/Abraham_Lincoln</browse>")
+    assert "URL: " + web.url + "/wiki/Hamlet" in env.step("<browse>next</browse>")[0]
+    assert "URL: " + web.url + "/wiki/Abraham_Lincoln" in child.step("<browse>next</browse>")[0]
+
+
+def test_a_search_past_the_timeout_is_an_observation(docs, make, tmp_path):
+    with LocalWeb(docs[:20], latency_s=1.0) as slow:
+        env = make(search_url=slow.url, http=IMPATIENT)
+        env.reset(seed=0)
+        obs, reward, term, trunc, info = env.step("<search>anything</search>")
+    assert "Search failed: timed out after 0.3 s" in obs and info["tool_error"] == "Search failed: timed out after 0.3 s"
+    assert (reward, term) == (0.0, False)
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("/down", "Browse failed: HTTP 503 (server error) (gave up after 2 attempts)"),
+    ("/pdf", "Browse failed: not a text page (application/pdf)"),
+    ("/truncated", "Browse failed: connection broke mid-response"),
+    ("/ratelimit?after=600", "Browse failed: HTTP 429 (rate limited); Retry-After 600 s is over the 30 s limit"),
+])
+def test_a_failing_page_is_an_observation(make, faults, target, message):
+    env = make()
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(f"<browse>{faults.url}{target}</browse>")
+    assert message in obs and info["tool_error"].startswith(message)
+
+
+def test_a_ten_megabyte_page_is_read_up_to_the_cap(make, faults):
+    env = make(http=HttpConfig(max_bytes=100_000, retries=0))
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(f"<browse>{faults.url}/huge?mb=10</browse>")
+    assert "cut at the size limit" in obs and "lorem ipsum" in obs and "tool_error" not in info
+
+
+def test_malformed_json_and_server_errors_from_search_are_observations(make, faults):
+    env = make(backend=f"searxng:{faults.url}/malformed-json")
+    env.reset(seed=0)
+    assert "Search failed: malformed JSON from SearxNG" in env.step("<search>x</search>")[0]
+    env = make(backend=f"searxng:{faults.url}/down")
+    env.reset(seed=0)
+    assert "Search failed: HTTP 503" in env.step("<search>x</search>")[0]
+
+
+def test_a_server_that_goes_down_mid_episode_costs_nothing_but_observations(docs, make):
+    web = LocalWeb(docs[:30]).start()
+    env = make(search_url=web.url)
+    env.reset(options={"task_id": "web-2"})
+    first, *_ = env.step("<search>Abraham Lincoln</search>")
+    web.stop()
+    obs, _, _, _, info = env.step("<search>a new query</search>")
+    assert "Search failed: cannot connect" in obs and "connection refused" in info["tool_error"]
+    again, _, _, _, info = env.step("<search>Abraham Lincoln</search>")
+    assert again == first and "tool_error" not in info  # served from the cache
+    obs, _, _, _, info = env.step(f"<browse>{first_url(first)}</browse>")
+    assert "Browse failed: cannot connect" in obs
+    assert env.step("<answer>Abraham Lincoln</answer>")[1] == 1.0
+
+
+def test_a_pool_of_envs_sends_its_requests_concurrently_in_one_batch(docs, make):
+    with LocalWeb(docs, latency_s=0.05) as web:
+        envs = [make(search_url=web.url) for _ in range(12)]
+        for e in envs:
+            e.reset(seed=0)
+        pool = EnvPool(envs)
+        titles = [d.title for d in docs if d.title[:1].isalpha()][:11]
+        actions = [f"<search>{t}</search>" for t in titles] + ["<browse>http://127.0.0.1:9/</browse>"]
+        out = pool.step(actions)
+    assert pool.stats.calls_by_tool == {"search": 11, "browse": 1} and pool.stats.batches == 2
+    assert web.max_inflight > 1
+    assert all("<information>Doc 1(Title:" in out[i][0] for i in range(11))
+    assert "Browse failed: cannot connect" in out[11][0] and "tool_error" in out[11][4]
+
+
+def test_bad_actions_are_observations_not_exceptions(make):
+    env = make(max_turns=3)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step("I think I will look it up")
+    assert "My previous action is invalid" in obs and info["invalid_action"]
+    obs, _, _, _, info = env.step("<browse>next</browse>")
+    assert info["invalid_action"] and "before any page" in info["error"]
+    obs, reward, term, trunc, info = env.step("<browse>ftp://example.org/file</browse>")
+    assert "Browse failed: not an http(s) URL" in obs and trunc and not term and reward == 0.0
+
+
+def test_wrong_arguments_are_config_errors(make):
+    with pytest.raises(ConfigError, match="reward"):
+        make(reward="bleu")
+    with pytest.raises(ConfigError, match="unknown task_id"):
+        make().reset(options={"task_id": "nope"})
+
+
+def test_web_serve_binds_loopback_and_prints_its_url():
+    proc = subprocess.Popen([sys.executable, "-m", "treegym.cli", "web", "serve", "--port", "0", "--limit", "40"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
+        assert requests.get(f"{url}/health", timeout=5).json() == {"status": "ok", "documents": 40}
+        hits = requests.get(f"{url}/search", params={"q": "number", "format": "json"}, timeout=5).json()["results"]
+        assert hits and hits[0]["url"].startswith(url + "/wiki/")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
