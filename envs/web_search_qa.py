@@ -40,6 +40,11 @@ INVALID_WEB_ACTION = (
 
 TAGS = ("search", "browse", "answer")
 MAX_LINKS_SHOWN = 10
+MAX_TITLE_CHARS, MAX_SNIPPET_CHARS, MAX_URL_CHARS = 200, 1000, 500  # a backend's text can be any length
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -73,21 +78,23 @@ def format_results(query: str, results: Sequence[SearchResult]) -> str:
     """Search results in Search-R1's block, each with the URL to browse."""
     if not results:
         return f'\n\n<information>No results for "{query}".</information>\n\n'
-    lines = [f"Doc {i}(Title: {r.title}) {r.snippet}\nURL: {r.url}" if r.url else f"Doc {i}(Title: {r.title}) {r.snippet}"
-             for i, r in enumerate(results, 1)]
+    lines = []
+    for i, r in enumerate(results, 1):
+        line = f"Doc {i}(Title: {_clip(r.title, MAX_TITLE_CHARS)}) {_clip(r.snippet, MAX_SNIPPET_CHARS)}"
+        lines.append(f"{line}\nURL: {_clip(r.url, MAX_URL_CHARS)}" if r.url else line)
     return "\n\n<information>" + "\n".join(lines) + "</information>\n\n"
 
 
 def format_page(page: FetchedPage, part: int, parts: Sequence[str]) -> str:
     """One part of a page, with its links and how to get the next part."""
     text = parts[part - 1]
-    head = f"Page: {page.title or page.url}\nURL: {page.url}\nPart {part} of {len(parts)}"
+    head = f"Page: {_clip(page.title or page.url, MAX_TITLE_CHARS)}\nURL: {_clip(page.url, MAX_URL_CHARS)}\nPart {part} of {len(parts)}"
     if page.truncated:
         head += " (the page was cut at the size limit)"
     links = [link for link in page.links if link.text in text][:MAX_LINKS_SHOWN]
     tail = ""
     if links:
-        tail += "\nLinks: " + "; ".join(f"{link.text} <{link.url}>" for link in links)
+        tail += "\nLinks: " + "; ".join(f"{_clip(link.text, 100)} <{_clip(link.url, MAX_URL_CHARS)}>" for link in links)
     if part < len(parts):
         tail += f"\n[Next part: <browse>{page.url}#page={part + 1}</browse>]"
     return f"\n\n<information>{head}\n\n{text}{tail}</information>\n\n"
@@ -155,7 +162,8 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         http: HttpConfig | None = None,
         max_action_chars: int = 16384,
     ) -> None:
-        super().__init__()
+        # Bounded spaces: an observation is one page part plus its links, or topk snippets.
+        super().__init__(max_obs_chars=max(65536, page_chars + 16384), max_action_chars=max_action_chars)
         if reward not in ("em", "f1"):
             raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
         if not 1 <= topk <= 20:
