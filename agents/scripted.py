@@ -121,13 +121,19 @@ def keywords(text: str) -> str:
 
 _YEAR = r"(\d{3,4})"
 _SPAN_IN_TEXT = re.compile(r"\(([^()]*?)\)")
+_LEAD_VERB = re.compile(r"\b(?:was|is|were|are)\b")
 _BORN = re.compile(r"\bborn\b[^.;()]{0,40}?\b" + _YEAR + r"\b")
 _DIED = re.compile(r"\b(?:died|(?:his|her) death)\b[^.;()]{0,30}?\b" + _YEAR + r"\b")
 
 
 def life_years(text: str) -> tuple[int | None, int | None]:
-    """(birth, death) read from a passage: a "(1845–1923)" or "(born 1945)" span, else "born/died … YEAR"."""
-    for m in _SPAN_IN_TEXT.finditer(text):
+    """(birth, death) read from a passage: a "(1845–1923)" or "(born 1945)" span, else "born/died … YEAR".
+
+    Only a span before the lead's first "was"/"is" counts: that is where a life span sits
+    ("Hafez (1325–1390) was …"); a later "(1925–1954)" is a career or an era.
+    """
+    verb = _LEAD_VERB.search(text)
+    for m in _SPAN_IN_TEXT.finditer(text, 0, verb.start() if verb else len(text)):
         inner = m.group(1)
         if "BC" in inner:
             continue
@@ -253,16 +259,19 @@ class OracleQAAgent:
     """Searches the task's supporting titles and answers the gold only if retrieval shows it.
 
     ``begin(info)`` takes the env's info: ``answers``, ``supporting_titles`` (or, failing that,
-    the question is searched), ``question_type``. Without proof it answers "unknown".
+    the question is searched), ``question_type`` (a comparison needs both people's years in
+    view). Without proof it answers "unknown".
     """
 
     def __init__(self) -> None:
         self.answers: tuple[str, ...] = ()
         self.titles: tuple[str, ...] = ()
+        self.question_type = ""
 
     def begin(self, info: dict[str, Any]) -> None:
         self.answers = tuple(str(a) for a in info.get("answers", ()))
         self.titles = tuple(t for t in info.get("supporting_titles", ()) if t)
+        self.question_type = str(info.get("question_type", ""))
 
     def act(self, messages: list[Message]) -> str:
         queries = list(self.titles) or [question_of(messages)]
@@ -270,22 +279,36 @@ class OracleQAAgent:
         if len(done) < len(queries):
             return _search(queries[len(done)], "Look up a supporting passage.")
         docs = [d for batch in retrieved(messages) for d in batch]
-        proven = provable_answer(self.answers, self.titles, docs)
+        proven = provable_answer(self.answers, self.titles, docs, self.question_type)
         if proven is None:
             return _answer(GIVE_UP, "The retrieved passages do not show the answer.")
         return _answer(proven, "The supporting passages show the answer.")
 
 
-def provable_answer(answers: Sequence[str], titles: Sequence[str], docs: Sequence[RetrievedDoc]) -> str | None:
+def provable_answer(
+    answers: Sequence[str], titles: Sequence[str], docs: Sequence[RetrievedDoc], question_type: str = ""
+) -> str | None:
     """An answer alias shown by the retrieved passages, or None.
 
     Shown means: every supporting title was retrieved, and the alias is one of their titles or
-    is written (as whole words) in one of their texts.
+    is written (as whole words) in one of their texts. For a comparison of two people, both
+    passages must also state the years that decide it, and decide it for the alias.
     """
     by_title = {normalize_answer(d.title): d for d in docs}
     support = [by_title.get(normalize_answer(t)) for t in titles]
     if not titles or any(d is None for d in support):
         return None
+    if question_type in ("born_first", "lived_longer"):
+        if len(support) != 2:
+            return None
+        a, b = support
+        assert a is not None and b is not None
+        years = [life_years(a.text), life_years(b.text)]
+        needed = [y[0] for y in years] + ([y[1] for y in years] if question_type == "lived_longer" else [])
+        if any(y is None for y in needed):
+            return None
+        winner = compare_people(question_type, a.title, b.title, [a, b])
+        return next((ans for ans in answers if normalize_answer(ans) == normalize_answer(winner)), None)
     for answer in answers:
         key = normalize_answer(answer)
         if not key:
