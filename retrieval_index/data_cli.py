@@ -13,6 +13,7 @@ from pathlib import Path
 
 from treegym.errors import ConfigError
 from treegym.retrieval_index.qa import QUESTION_TYPES, SPLITS, load_qa
+from treegym.retrieval_index.synthetic.cli import add_synth
 from treegym.retrieval_index.types import QAItem
 
 _DATA_HELP = "'wiki' (the built-in questions) or a Search-R1 .parquet / FlashRAG .jsonl file"
@@ -133,7 +134,7 @@ def run_export(args: argparse.Namespace) -> int:
 # ---- the command -----------------------------------------------------------------------------
 
 # One entry per action; each adds its parser and sets ``func``.
-DATA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_stats, add_show, add_export]
+DATA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_stats, add_show, add_export, add_synth]
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,78 @@
+"""The synthetic world as the environments use it: generated once into the cache, then offline.
+
+``synthetic_world(passages=2000, seed=0, hops=3)`` writes the world on first call under
+``cache_dir("synthetic", ...)`` (a few seconds at the default size, with a BM25 validation pass
+that drops any question the oracle cannot answer through retrieval) and returns a handle whose
+``corpus_path`` any retriever can index and whose ``questions(split)`` are ordinary QA items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from treegym.errors import ConfigError
+from treegym.paths import cache_dir
+from treegym.retrieval_index.synthetic.questions import MAX_HOPS
+from treegym.retrieval_index.synthetic.writer import (
+    CORPUS_FILE,
+    GENERATOR_VERSION,
+    MANIFEST_FILE,
+    QUESTIONS_FILE,
+    Manifest,
+    read_questions,
+    write_world,
+)
+from treegym.retrieval_index.types import QAItem
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class SyntheticWorld:
+    """A generated world on disk: its corpus file, questions and manifest."""
+
+    folder: Path
+
+    @property
+    def corpus_path(self) -> Path:
+        return self.folder / CORPUS_FILE
+
+    @property
+    def questions_path(self) -> Path:
+        return self.folder / QUESTIONS_FILE
+
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest.read(self.folder)
+
+    def questions(self, split: str = "train", hops: int | None = None) -> list[QAItem]:
+        """The questions of one split (``"all"`` for every split), optionally of one hop count."""
+        if split not in (*SPLITS, "all"):
+            raise ConfigError(f"split {split!r}: choose one of {', '.join(SPLITS)} or 'all'")
+        items = _load_questions(self.questions_path, self.questions_path.stat().st_mtime_ns)
+        return [q for q in items if (split == "all" or q.split == split) and (hops is None or q.hops == hops)]
+
+
+@lru_cache(maxsize=8)
+def _load_questions(path: Path, mtime_ns: int) -> tuple[QAItem, ...]:
+    return tuple(read_questions(path))
+
+
+def synthetic_world(
+    passages: int = 2000, seed: int = 0, hops: int | None = None, progress: bool = False
+) -> SyntheticWorld:
+    """The world of this size and seed, generated into the cache on first call.
+
+    ``hops`` (1-4) restricts the questions to that many hops; None keeps all of 1-4.
+    """
+    if hops is not None and (isinstance(hops, bool) or not isinstance(hops, int) or not 1 <= hops <= MAX_HOPS):
+        raise ConfigError(f"hops={hops!r}: choose None (all) or a hop count between 1 and {MAX_HOPS}")
+    name = f"{GENERATOR_VERSION}-p{passages}-s{seed}-h{hops or 'all'}"
+    folder = cache_dir("synthetic", name)
+    world = SyntheticWorld(folder)
+    if (folder / MANIFEST_FILE).exists():
+        return world
+    write_world(folder, passages, seed, hops=hops, validate="bm25", progress=progress)
+    return world
