@@ -10,8 +10,17 @@ from dataclasses import asdict
 import pytest
 
 from treegym.errors import ConfigError
+from treegym.paths import cache_dir
 from treegym.retrieval_index.corpus import wiki_documents
-from treegym.retrieval_index.qa import QUESTION_TYPES, SPLITS, generate, load_qa, split_of, wiki_questions
+from treegym.retrieval_index.qa import (
+    GENERATOR_VERSION,
+    QUESTION_TYPES,
+    SPLITS,
+    generate,
+    load_qa,
+    split_of,
+    wiki_questions,
+)
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +143,13 @@ def test_load_qa_filters_by_type():
 def test_bad_names_splits_and_types_list_the_valid_ones(kwargs, listed):
     with pytest.raises(ConfigError, match=listed):
         load_qa(**kwargs)
+
+
+def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch, items):
+    (real,) = cache_dir("datasets").glob(f"wiki-qa-v{GENERATOR_VERSION}-*.jsonl")
+    cache = tmp_path / "datasets" / real.name
+    cache.parent.mkdir()
+    cache.write_text(real.read_text(encoding="utf-8")[:5000], encoding="utf-8")  # cut mid-record
+    monkeypatch.setenv("TREEGYM_HOME", str(tmp_path))
+    assert wiki_questions.__wrapped__() == items
+    assert cache.read_text(encoding="utf-8") == real.read_text(encoding="utf-8")
