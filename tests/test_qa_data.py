@@ -18,6 +18,7 @@ from treegym.retrieval_index.qa import (
     SPLITS,
     generate,
     load_qa,
+    source_hash,
     split_of,
     wiki_questions,
 )
@@ -146,7 +147,7 @@ def test_bad_names_splits_and_types_list_the_valid_ones(kwargs, listed):
 
 
 def test_a_damaged_cache_file_is_rebuilt(tmp_path, monkeypatch, items):
-    (real,) = cache_dir("datasets").glob(f"wiki-qa-v{GENERATOR_VERSION}-*.jsonl")
+    real = cache_dir("datasets") / f"wiki-qa-v{GENERATOR_VERSION}-{source_hash(wiki_documents())[:16]}.jsonl"
     cache = tmp_path / "datasets" / real.name
     cache.parent.mkdir()
     cache.write_text(real.read_text(encoding="utf-8")[:5000], encoding="utf-8")  # cut mid-record
