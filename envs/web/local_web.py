@@ -226,7 +226,7 @@ class LocalWeb:
             return _html(200, f"<html><head><title>treegym local web</title></head><body><h1>treegym local web</h1>"
                               f"<p>{len(site.docs)} articles.</p><ul>{items}</ul></body></html>")
         if path == "/health":
-            return _json(200, {"status": "ok", "documents": len(site.docs)})
+            return _json(200, {"status": "ok", "documents": len(site.docs), "requests": self.requests})
         if path.startswith("/wiki/"):
             title = unquote(path[len("/wiki/"):]).replace("_", " ")
             doc = site.by_title.get(title)
@@ -289,6 +289,9 @@ def _html(status: int, text: str) -> tuple[int, str, bytes, dict[str, str]]:
 def _make_handler(web: LocalWeb) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: a pool reuses its connections
+        # Headers and body go out in separate writes; with Nagle on, each response would
+        # stall ~40 ms on the client's delayed ACK.
+        disable_nagle_algorithm = True
 
         def _serve(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
