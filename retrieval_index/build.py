@@ -178,8 +178,13 @@ def ensure_index(
     embedder: str | Embedder = DEFAULT_EMBEDDER,
     progress: bool = True,
     force: bool = False,
+    reembed: bool | None = None,
 ) -> Path:
-    """The folder of one built index (flat, hnsw, ivfpq or bm25), built now if missing."""
+    """The folder of one built index (flat, hnsw, ivfpq or bm25), built now if missing.
+
+    ``force`` rebuilds it even if cached, and by default re-embeds the passages too;
+    ``reembed=False`` reuses the cached embeddings.
+    """
     if kind == "bm25":
         folder = index_folder(corpus.label, corpus.hash, "bm25")
         if folder.exists() and not force:
@@ -201,7 +206,7 @@ def ensure_index(
     folder = index_folder(corpus.label, corpus.hash, kind, name)
     if folder.exists() and not force:
         return folder
-    vectors_folder = ensure_embeddings(corpus, embedder, progress=progress, force=force)
+    vectors_folder = ensure_embeddings(corpus, embedder, progress=progress, force=force if reembed is None else reembed)
     check_index(
         vectors_folder,
         {"type": "embeddings", "corpus_hash": corpus.hash, "count": len(corpus.docs), "embedder": name},
