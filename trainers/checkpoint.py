@@ -29,19 +29,24 @@ class TrainState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG stream of this process: global ones, plus named private generators."""
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    state["generators"] = {k: g.get_state() for k, g in (generators or {}).items()}
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    for k, g in (generators or {}).items():
+        if k in state.get("generators", {}):
+            g.set_state(state["generators"][k])
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -79,7 +84,8 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.stem.split("_", 1)[1]))
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0) -> TrainState:
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0,
+                    generators: dict[str, torch.Generator] | None = None) -> TrainState:
     """Restore weights, optimiser and RNG from ``path``; return the loop state to continue from."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=False)
@@ -93,5 +99,5 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     rngs = data["rng"]
     if rank >= len(rngs):
         raise TreegymError(f"checkpoint {path} was written by {len(rngs)} processes; resume it with as many")
-    set_rng_state(rngs[rank])
+    set_rng_state(rngs[rank], generators)
     return TrainState(**data["state"])

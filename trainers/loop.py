@@ -18,6 +18,7 @@ prompts and the gradients are averaged.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 import warnings
@@ -89,7 +90,8 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
     reference = rt.frozen_copy(model) if cfg.loss.use_kl else None
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    policy = rt.make_policy(model, tokenizer)
+    policy = rt.make_policy(model, tokenizer, seed=cfg.seed * 1000 + dist.rank)
+    generators = rt.policy_generators(policy)
     env = rt.make_env(cfg, cfg.run.train_split)
     eval_env = rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
     ids = rt.task_ids(env)
@@ -125,7 +127,8 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
     state = TrainState()
     ckpts = list_checkpoints(folder / "checkpoints") if cfg.run.resume else []
     if ckpts:
-        state = load_checkpoint(ckpts[-1], model, optimizer, dist.rank)
+        state = load_checkpoint(ckpts[-1], model, optimizer, dist.rank, generators)
+        policy.clear_cache()
         if dist.main:
             print(f"resumed from {ckpts[-1]} (step {state.step})")
     log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
@@ -219,6 +222,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
             if nonfinite:
                 break
         model.eval()
+        policy.clear_cache()  # its stored prefix KV came from the old weights
 
         # non-finite loss: the step is skipped (weights already stepped this step are kept:
         # they came from finite losses); three in a row stop the run
@@ -262,7 +266,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
 
         # 7. checkpoint (every process contributes its RNG stream)
         if (cfg.run.save_every and state.step % cfg.run.save_every == 0) or state.step == cfg.steps:
-            rngs = rt.gather_objects(rng_state(), dist)
+            rngs = rt.gather_objects(rng_state(generators), dist)
             if dist.main:
                 save_checkpoint(folder / "checkpoints", model, optimizer, state, rngs)
     bar.close()
@@ -281,10 +285,14 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
         plot_metrics(folder)
         if cfg.run.trees_html and last_batch is not None:
             _write_trees(last_batch, tokenizer, folder / "trees.html")
+    result = RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
+                       time.time() - t_start, history, digests)
+    if dist.main:
+        summary = {k: v for k, v in result.__dict__.items() if k != "history"}
+        (folder / "summary.json").write_text(json.dumps({**summary, "folder": str(folder), "world": dist.world}, indent=2))
     if len(set(digests)) > 1:
         raise TrainingError(f"data-parallel replicas diverged: weight digests {digests}")
-    return RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
-                     time.time() - t_start, history, digests)
+    return result
 
 
 # ---- helpers (pure or local) ------------------------------------------------------------------

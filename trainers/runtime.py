@@ -174,11 +174,20 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module | None:
     return ref.eval()
 
 
-def make_policy(model: torch.nn.Module, tokenizer: Any) -> Any:
-    """The sampling policy over the *same* model object, so it always samples current weights."""
+def make_policy(model: torch.nn.Module, tokenizer: Any, seed: int) -> Any:
+    """The sampling policy over the *same* model object, so it always samples current weights.
+
+    Its prefix KV store must be cleared after every update (``policy.clear_cache()``).
+    """
     from treegym.agents.hf_policy import HFPolicy
 
-    return HFPolicy(base_model(model), tokenizer)
+    return HFPolicy(base_model(model), tokenizer, seed=seed)
+
+
+def policy_generators(policy: Any) -> dict[str, torch.Generator]:
+    """The policy's private sampling generator, so that checkpoints capture its stream."""
+    g = getattr(policy, "generator", None) or getattr(policy, "_generator", None)
+    return {"policy": g} if isinstance(g, torch.Generator) else {}
 
 
 # ---- envs and prompts ---------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""The shared training loop, for real: a tiny random transformer learns a task it starts out failing.
+
+The task (tests/tiny_task.py) rewards saying "A" then "B"; a random policy scores about 0.09.
+Every test trains a real (tiny) HF model through the same path as SmolLM2: loaded from a
+local folder, sampled by HFPolicy with the tree/chain samplers, scored and updated here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_task import build_tiny_model
+
+from treegym.errors import ConfigError
+from treegym.paths import cache_dir
+from treegym.trainers import advantages
+from treegym.trainers.advantages import TokenAdvantages
+from treegym.trainers.checkpoint import list_checkpoints
+from treegym.trainers.config import TrainConfig, load_config
+from treegym.trainers.loop import TrainingError, train
+from treegym.trainers.runtime import weights_digest
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    return build_tiny_model(cache_dir("test-models") / "tiny-keys-v1")
+
+
+def tiny_config(model: Path, out: Path, **overrides: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "env": "tiny_task:TinyKeysEnv", "model": str(model), "sampler.max_new_tokens": 1, "sampler.max_turns": 2,
+        "prompts_per_step": 4, "sampler.group_size": 6, "optim.lr": 1e-2, "optim.mini_batch_size": 24,
+        "optim.micro_batch_size": 24, "run.out_dir": str(out), "run.eval_n": 4, "run.tensorboard": False,
+        "run.save_every": 0,
+    }  # fmt: skip
+    base.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return load_config(overrides=list(base.items()))
+
+
+def rewards(history: list[dict[str, Any]]) -> list[float]:
+    return [h["reward"] for h in history if "reward" in h]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "tree-grpo", "treeopsd"])
+def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(tiny_model, tmp_path, algo=algo, steps=16, run__name=algo, run__tensorboard=algo == "tree-grpo")
+    result = train(cfg, progress=False)
+    r = rewards(result.history)
+    first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
+    assert first < 0.25, r  # a random policy fails the task ...
+    assert last > 0.5 and last > first + 0.3, r  # ... and training fixes it
+    assert result.em_after is not None and result.em_before is not None and result.em_after > result.em_before
+    folder = result.folder
+    assert (folder / "config.yaml").exists() and (folder / "summary.json").exists()
+    assert list_checkpoints(folder / "checkpoints")[-1].name == "step_16.pt"
+    assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_em_vs_step.png", "reward_em_vs_tokens_total.png"]
+    line = json.loads((folder / "metrics.jsonl").read_text().splitlines()[1])
+    for key in ("reward", "em", "approx_kl", "clipfrac", "entropy", "generated_tokens", "tool_calls", "tokens_total"):
+        assert key in line, key
+    if algo == "tree-grpo":
+        assert any((folder / "tb").iterdir())
+
+
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tiny_model: Path, tmp_path: Path) -> None:
+    full = train(tiny_config(tiny_model, tmp_path, algo="tree-grpo", steps=4, run__name="full"), progress=False)
+    part = train(tiny_config(tiny_model, tmp_path, algo="tree-grpo", steps=2, run__name="cut"), progress=False)
+    assert part.steps == 2
+    resumed = train(tiny_config(tiny_model, tmp_path, algo="tree-grpo", steps=4, run__name="cut"), progress=False)
+    assert resumed.steps == 4
+    assert resumed.replica_digests == full.replica_digests
+    assert rewards(resumed.history) == rewards(full.history)
+    assert resumed.tokens_total == full.tokens_total
+    w_full = torch.load(list_checkpoints(full.folder / "checkpoints")[-1], weights_only=False)["model"]
+    w_cut = torch.load(list_checkpoints(resumed.folder / "checkpoints")[-1], weights_only=False)["model"]
+    assert all(torch.equal(w_full[k], w_cut[k]) for k in w_full)
+
+
+def test_nonfinite_loss_skips_steps_and_three_in_a_row_stop_the_run(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def nan_advantages(rollouts: Any, **_: Any) -> TokenAdvantages:
+        out = advantages.grpo(rollouts)
+        return TokenAdvantages([a * float("nan") for a in out.advantages], out.weights, out.per_rollout)
+
+    monkeypatch.setitem(advantages.ADVANTAGES, "grpo", nan_advantages)
+    cfg = tiny_config(tiny_model, tmp_path, algo="grpo", steps=5, run__name="nan", run__save_every=1, run__eval_n=0)
+    with pytest.warns(UserWarning, match="non-finite loss, update skipped"), pytest.raises(TrainingError, match="3 consecutive steps"):
+        train(cfg, progress=False)
+    # The two skipped steps that were checkpointed left the weights untouched.
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    saved = torch.load(list_checkpoints(tmp_path / "nan" / "checkpoints")[-1], weights_only=False)
+    assert saved["state"]["step"] == 2
+    assert all(torch.equal(initial[k], v) for k, v in saved["model"].items())
+
+
+def test_two_process_data_parallel_replicas_stay_identical(tiny_model: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "treegym.cli", "train", "--algo", "grpo", "--env", "tiny_task:TinyKeysEnv", "--model", str(tiny_model),
+           "--steps", "3", "--out", str(tmp_path), "--name", "ddp", "--no-progress", "--max_new_tokens=1",
+           "--prompts_per_step=2", "--group_size=4", "--optim.lr=1e-2", "--mini_batch_size=4", "--micro_batch_size=2",
+           "--run.eval_n=2", "--run.tensorboard=false"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["world"] == 2
+    a, b = summary["replica_digests"]
+    assert a == b
+    from transformers import AutoModelForCausalLM
+
+    assert a != weights_digest(AutoModelForCausalLM.from_pretrained(tiny_model))  # it did train
+    assert "EM after" in proc.stdout
+
+
+def test_cli_reports_a_bad_override_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from treegym.cli import main
+
+    assert main(["train", "--algo", "grpo", "--optim.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.lr: 'fast' is not a valid float" in err and "Traceback" not in err
+    with pytest.raises(ConfigError, match="unknown config field 'lr_rate'"):
+        load_config(overrides=[("lr_rate", "1")])
