@@ -1,0 +1,14 @@
+"""TextHousehold-v0: ALFWorld's household tasks, grammar and text in a pure-Python, forkable engine.
+
+Modules, by concern: ``catalogue`` (object and receptacle kinds, what holds what), ``world``
+(the static room template and the immutable episode state, with the rules of every command),
+``tasks`` (procedural task generation in train/seen/unseen splits), ``text`` (parsing an
+agent's turn into a command), ``planner`` (the expert walkthrough and the oracle agent),
+``pddl`` (export of a task as a PDDL problem for ALFWorld's own domain) and ``env``.
+"""
+
+from __future__ import annotations
+
+from treegym.envs.household.tasks import SPLITS, TASK_TYPES, Task, make_task, task_ids
+
+__all__ = ["SPLITS", "TASK_TYPES", "Task", "make_task", "task_ids"]

@@ -1,0 +1,168 @@
+"""TextHousehold-v0: the forkable household environment (ALFWorld's tasks, grammar and text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.household.tasks import TASK_TYPES, Task, make_task, normalize_split, task_ids
+from treegym.envs.household.text import extract_command, opening_prompt
+from treegym.envs.household.world import Action, State, actions, apply, goal_met, look_text
+
+NOTHING = "Nothing happens."
+
+
+@dataclass(frozen=True)
+class HouseholdState:
+    """The whole episode state: which task, the world state in it, the step count, and success."""
+
+    task_id: str
+    game: State
+    steps: int = 0
+    won: bool = False
+
+
+class TextHouseholdEnv(ForkableEnv[HouseholdState]):
+    """ALFWorld-like household tasks in pure Python, with O(1) fork.
+
+    **Task.** One of ALFWorld's six task types (pick_and_place_simple, look_at_obj_in_light,
+    pick_clean/heat/cool_then_place_in_recep, pick_two_obj_and_place) in a generated room
+    (kitchen, living room, bedroom, bathroom) of ALFWorld receptacles and objects. Tasks come
+    from three splits: ``train``, ``seen`` (ALFWorld's valid_seen: train's layouts and
+    object-receptacle combinations, other seeds) and ``unseen`` (valid_unseen: layouts and
+    combinations never in train).
+
+    **Observation.** At reset, instructions followed by ALFWorld's intro ("-= Welcome to
+    TextWorld, ALFRED! =-", the room, "Your task is to: ..."). After a step, ALFWorld's feedback
+    ("You arrive at cabinet 1. The cabinet 1 is closed.", "Nothing happens.").
+
+    **Action.** One command, bare or as ``<think>...</think><action>cmd</action>``, in ALFWorld's
+    grammar: go to, open, close, take X from Y, move X to Y (``put X in/on Y`` too), examine,
+    use, heat/clean/cool X with Y, slice X with Y, inventory, look, help. A command that is not
+    admissible (unknown verb or object, out of reach, empty, garbled, 1 MB) gives
+    "Nothing happens." and ``info["invalid_action"] = True``; it still counts as a step.
+
+    **Reward.** 1 on the step that achieves the goal, else 0. The episode terminates on success
+    and is truncated after ``max_steps`` steps.
+
+    **Info.** ``admissible_commands`` (sorted, as ALFWorld's), ``won``, ``task_id``,
+    ``task_type``, ``invalid_action``, ``steps``.
+
+    **Reset options.** ``{"task_id": "unseen-7"}`` pins a task; ``{"task_types": [...]}``
+    filters the draw. Without a task id, the task is drawn with the seeded RNG.
+
+    **Arguments.** ``split`` (train | seen | unseen, or valid_seen / valid_unseen),
+    ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget).
+
+    **Differences from ALFWorld's TextWorld engine** (checked step by step by the differential
+    test in ``tests/test_household_alfworld.py``, which plays exported tasks on the real engine):
+
+    - Rooms are generated, not AI2-THOR floor plans: receptacles and objects keep ALFWorld's
+      names, and every receptacle has its own location, as in ALFWorld; there are no floor
+      lamps (light tasks use desk lamps) and no sliced-object task variants.
+    - Lists in observations (what is in a receptacle, what is in the room) are in catalogue
+      order; TextWorld orders them by its fact store, so the test compares them as sets.
+    - Receptacle objects (mug, bowl, ...) never hold other objects, since ALFWorld's domain has
+      the actions that would fill them commented out.
+    - ``put X in/on Y`` is accepted as a synonym of ``move X to Y``, and commands are matched
+      case- and whitespace-insensitively; the real engine admits only the exact string.
+    - A step after the episode ended is still applied (the real gym wrapper stops the game).
+    """
+
+    def __init__(
+        self,
+        split: str = "train",
+        task_types: Sequence[str] | None = None,
+        max_steps: int = 50,
+        max_action_chars: int = 1 << 20,
+    ) -> None:
+        super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars)
+        self.split = normalize_split(split)
+        self.task_types = self._check_types(task_types)
+        self.max_steps = int(max_steps)
+        self._task: Task | None = None
+        # The admissible actions of the last state seen: (state, command -> action). Read-only
+        # once built, so forks may share it.
+        self._acts: tuple[State, dict[str, Action]] | None = None
+
+    @staticmethod
+    def _check_types(task_types: Sequence[str] | None) -> tuple[str, ...]:
+        if task_types is None:
+            return TASK_TYPES
+        types = (task_types,) if isinstance(task_types, str) else tuple(task_types)
+        bad = [t for t in types if t not in TASK_TYPES]
+        if bad or not types:
+            raise ValueError(f"unknown task types {bad}; choose from {list(TASK_TYPES)}")
+        return types
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def task(self) -> Task:
+        """The current task (its static world and description)."""
+        if self.state is None:
+            raise RuntimeError("call reset() first")
+        if self._task is None or self._task.task_id != self.state.task_id:
+            self._task = make_task(self.state.task_id)
+        return self._task
+
+    def _actions(self, game: State) -> dict[str, Action]:
+        if self._acts is None or self._acts[0] is not game:
+            self._acts = (game, actions(self.task().world, game))
+        return self._acts[1]
+
+    def _info(self, invalid: bool) -> dict[str, Any]:
+        s = self.state
+        task = self.task()
+        return {
+            "admissible_commands": sorted(self._actions(s.game)),
+            "won": s.won,
+            "task_id": s.task_id,
+            "task_type": task.task_type,
+            "invalid_action": invalid,
+            "steps": s.steps,
+        }
+
+    # ---- contract -------------------------------------------------------------------------
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[HouseholdState, str, dict[str, Any]]:
+        task_id = options.get("task_id")
+        if task_id is None:
+            types = self._check_types(options["task_types"]) if "task_types" in options else self.task_types
+            ids = task_ids(self.split, types)
+            task_id = ids[int(self.np_random.integers(len(ids)))]
+        task = make_task(str(task_id))
+        self._task = task
+        self.state = HouseholdState(task.task_id, task.initial)
+        intro = (
+            f"-= Welcome to TextWorld, ALFRED! =-\n\n{look_text(task.world, task.initial)}\n\n"
+            f"Your task is to: {task.description}."
+        )
+        return self.state, opening_prompt(intro), self._info(False)
+
+    def plan(self, action: str) -> list[ToolCall]:
+        # No external tools: the whole step happens in resolve(); plan only parses.
+        return self._remember([], parsed=extract_command(action))
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        _, cmd = self._take_pending()
+        s = self.state
+        if s is None:
+            raise RuntimeError("call reset() first")
+        world = self.task().world
+        action = self._actions(s.game).get(cmd)
+        if action is None:
+            game, obs = s.game, NOTHING
+        else:
+            game, obs = apply(world, s.game, action)
+        won = s.won or goal_met(world, game)
+        reward = 1.0 if won and not s.won else 0.0
+        self.state = HouseholdState(s.task_id, game, s.steps + 1, won)
+        truncated = not won and self.state.steps >= self.max_steps
+        return obs, reward, won, truncated, self._info(action is None)
+
+    def render(self) -> str:
+        if self.state is None:
+            return ""
+        return look_text(self.task().world, self.state.game)
