@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -31,9 +33,11 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from treegym.errors import ConfigError
-from treegym.retrieval_index.corpus import Document, read_jsonl, wiki_documents
+from treegym.paths import cache_dir
+from treegym.retrieval_index.corpus import Document, corpus_hash, read_jsonl, wiki_documents
 
 MAX_LINKS_PER_PAGE = 40
+MIN_DOCS_TO_CACHE = 2000  # smaller corpora index in well under a second
 MAX_TITLE_WORDS = 6
 _WORD = re.compile(r"[\w][\w'’.\-]*")
 
@@ -57,10 +61,30 @@ class Site:
             self.by_title.setdefault(d.title or d.id, d)
         self.by_id = {d.id: d for d in self.docs}
         self._bm25s = bm25s
-        tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en", show_progress=False)
-        self.index = bm25s.BM25()
-        self.index.index(tokens, show_progress=False)
+        self.index = self._load_or_build(bm25s)
         self._lock = threading.Lock()  # bm25s keeps scratch state; one search at a time
+
+    def _load_or_build(self, bm25s: Any) -> Any:
+        # Indexing the whole built-in corpus takes seconds; the index is kept in the cache
+        # folder under the corpus hash, so every later start loads it instead.
+        folder = cache_dir("web", "bm25") / corpus_hash(self.docs)[:20]
+        if (folder / "done").exists():
+            try:
+                return bm25s.BM25.load(str(folder))
+            except (OSError, ValueError, KeyError):
+                pass  # a damaged cache entry: rebuild below
+        tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en", show_progress=False)
+        index = bm25s.BM25()
+        index.index(tokens, show_progress=False)
+        if len(self.docs) >= MIN_DOCS_TO_CACHE:
+            tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+            index.save(str(tmp))
+            (tmp / "done").touch()
+            with contextlib.suppress(OSError):  # another process got there first: keep theirs
+                os.replace(tmp, folder)
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return index
 
     def search(self, query: str, k: int) -> list[tuple[Document, float]]:
         k = max(1, min(k, len(self.docs)))
