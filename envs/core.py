@@ -72,6 +72,8 @@ class Tool(Protocol):
 
     ``call_batch`` must return one result per payload, in order. A failure of one call is a
     result (e.g. an error string or object), never an exception that loses the others.
+    A tool may define ``batch_key``: tools with equal keys are interchangeable, and a pool
+    sends all their calls to one of them in one batch.
     """
 
     def call_batch(self, payloads: Sequence[Any]) -> list[Any]: ...

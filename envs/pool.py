@@ -65,7 +65,7 @@ def run_grouped(requests: Sequence[tuple[dict[str, Tool], Sequence[ToolCall]]], 
             if call.tool not in tools:
                 raise KeyError(f"env has no tool {call.tool!r} (has {sorted(tools)})")
             tool = tools[call.tool]
-            groups.setdefault(id(tool), (call.tool, tool, []))[2].append((r, c))
+            groups.setdefault(batch_key(tool), (call.tool, tool, []))[2].append((r, c))
     results: list[list[Any]] = [[None] * len(calls) for _, calls in requests]
     for name, tool, slots in groups.values():
         out = tool.call_batch([requests[r][1][c].payload for r, c in slots])
@@ -78,6 +78,13 @@ def run_grouped(requests: Sequence[tuple[dict[str, Tool], Sequence[ToolCall]]], 
             stats.tool_calls += len(slots)
             stats.calls_by_tool[name] = stats.calls_by_tool.get(name, 0) + len(slots)
     return results
+
+
+def batch_key(tool: Tool) -> object:
+    """Tools with equal keys serve each other's calls: envs built separately over one index
+    have separate tool objects but should still share one batched search."""
+    key = getattr(tool, "batch_key", None)
+    return ("key", key) if key is not None else ("id", id(tool))
 
 
 def _unwrap(env: gym.Env) -> ForkableEnv:

@@ -27,6 +27,7 @@ class SearchTool:
     def __init__(self, retriever: Retriever, k: int) -> None:
         self.retriever = retriever
         self.k = k
+        self.batch_key = ("search", id(retriever), k)
 
     def call_batch(self, payloads: Sequence[Any]) -> list[Any]:
         try:

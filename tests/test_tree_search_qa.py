@@ -119,7 +119,7 @@ def test_bad_actions_are_invalid_observations_and_env_stays_usable(env, action):
     assert "<information>" in obs
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(action=st.text(max_size=300) | st.builds(lambda a, b: f"<search>{a}</search>{b}", st.text(max_size=40), st.text(max_size=40)))
 def test_any_text_action_gives_text_observation_never_exception(env, action):
     env.reset(seed=0)
