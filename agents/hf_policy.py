@@ -1,0 +1,302 @@
+"""The transformers policy backend: batched sampling that never re-prefills a shared prefix.
+
+``HFPolicy.generate(contexts, params)`` takes token-id contexts (raw Search-R1 text or chat
+template, already tokenised) and samples one turn per context. Before running anything it
+looks for KV it already has:
+
+1. the prefix store (``PrefixCache``): after every turn each sequence's KV (context plus the
+   turn) is kept, so the next turn of a branch, or a fork of it, only runs its new tokens;
+2. branch points inside the batch: contexts that share a prefix nobody has computed yet (the
+   first turn of m trees of one prompt, or the n branches of a new node) get that prefix run
+   once, stored, and then reused by each of them.
+
+Rows with different amounts of reused KV and different suffix lengths share one batch: past
+keys are right-aligned, suffixes are left-padded, and each call gets an explicit 4D attention
+mask plus true position ids, so padding can sit anywhere without changing any result.
+``reuse_prefix=False`` turns all reuse off (each context is prefilled in full), which is the
+baseline of ``benchmarks/bench_prefix_reuse.py``.
+
+Log-probs follow ``treegym.agents.sampling``: ``log_softmax(logits / T)`` over the full
+vocabulary (T = 1 when greedy), before top-p.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes
+from treegym.agents.policy import Generation, PolicyStats, SamplingParams
+from treegym.agents.sampling import find_stop, sample_tokens
+from treegym.errors import ConfigError
+
+
+@dataclass
+class _Batch:
+    """The model state of a batch of rows after a forward pass."""
+
+    cache: Any  # a transformers DynamicCache, [B, kv_heads, L, head_dim] per layer
+    key_valid: torch.Tensor  # [B, L] bool: which cache columns hold real tokens
+    next_pos: torch.Tensor  # [B] position id of each row's next token
+    logits: torch.Tensor  # [B, V] next-token logits
+
+
+class HFPolicy:
+    """A ``Policy`` over a transformers causal LM, with KV reuse across shared prefixes.
+
+    Args:
+        model, tokenizer: a causal LM in eval mode and its tokenizer (see ``load_model``).
+        reuse_prefix: reuse KV of shared prefixes (within a batch and across calls).
+        cache_bytes: byte budget of the prefix store (LRU).
+        max_batch_size: rows per forward pass; larger calls are split.
+        min_shared_prefix: shortest in-batch shared prefix worth a separate prefill.
+        seed: seed of the sampling generator (``SamplingParams.seed`` overrides it per call).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        reuse_prefix: bool = True,
+        cache_bytes: int = 1 << 30,
+        max_batch_size: int = 32,
+        min_shared_prefix: int = 8,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.reuse_prefix = reuse_prefix
+        self.max_batch_size = max_batch_size
+        self.min_shared_prefix = min_shared_prefix
+        self.stats = PolicyStats()
+        self.prefix_cache = PrefixCache(cache_bytes)
+        self.device = next(model.parameters()).device
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._lock = threading.Lock()
+        # transformers 5.x names the argument `cache` (`past_key_values` is a deprecated alias).
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") != "eager"
+
+    @classmethod
+    def from_pretrained(cls, spec: str = "smollm2", device: str | None = None, **kwargs: Any) -> HFPolicy:
+        """Load ``spec`` (``smollm2`` or a local model folder) and wrap it."""
+        from treegym.agents.models import load_model
+
+        model, tokenizer = load_model(spec, device=device)
+        return cls(model, tokenizer, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Forget every stored prefix (call after the weights change: old KV is stale)."""
+        self.prefix_cache.clear()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per context; contexts may share prefixes (reused, not rerun)."""
+        rows = [list(map(int, c)) for c in contexts]
+        if any(len(r) == 0 for r in rows):
+            raise ConfigError("every context needs at least one token")
+        if params.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be at least 1")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {params.top_p}")
+        generator = self._generator
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        out: list[Generation] = []
+        with self._lock, torch.inference_mode():
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = rows[start : start + self.max_batch_size]
+                if self.reuse_prefix:
+                    self._prefill_branch_points(chunk)
+                out.extend(self._sample(chunk, params, generator))
+            self.stats.calls += 1
+        return out
+
+    # -- prefill ----------------------------------------------------------------------------
+
+    def _prefill_branch_points(self, contexts: list[list[int]]) -> None:
+        """Run each not-yet-computed shared prefix of the batch once and store it."""
+        pending = [
+            p
+            for p in branch_prefixes(contexts, self.min_shared_prefix)
+            if self.prefix_cache.lookup(p)[0] < len(p) - self.min_shared_prefix
+        ]
+        while pending:
+            # One level at a time, so that a longer branch point reuses the shorter one below it.
+            level = [p for p in pending if not any(q != p and p[: len(q)] == q for q in pending)]
+            batch = self._prefill([list(p) for p in level], [len(p) for p in level])
+            for row, p in enumerate(level):
+                self.prefix_cache.insert(p, self._row_kv(batch, row))
+            pending = [p for p in pending if p not in level]
+
+    def _prefill(self, seqs: list[list[int]], reuse_limits: list[int]) -> _Batch:
+        """Run each sequence's uncached suffix, batched; reuse at most ``reuse_limits[i]`` tokens."""
+        found: list[tuple[int, LayerKV | None]] = [
+            self.prefix_cache.lookup(s, limit) if self.reuse_prefix else (0, None)
+            for s, limit in zip(seqs, reuse_limits)
+        ]
+        reused = [n for n, _ in found]
+        past_len = max(reused)
+        suffix_len = max(len(s) - n for s, n in zip(seqs, reused))
+        size = len(seqs)
+        ids = torch.full((size, suffix_len), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((size, suffix_len), dtype=torch.long)
+        new_valid = torch.zeros((size, suffix_len), dtype=torch.bool)
+        past_valid = torch.zeros((size, past_len), dtype=torch.bool)
+        for i, (seq, n) in enumerate(zip(seqs, reused)):
+            suffix = seq[n:]
+            ids[i, suffix_len - len(suffix) :] = torch.tensor(suffix)
+            positions[i, suffix_len - len(suffix) :] = torch.arange(n, len(seq))
+            new_valid[i, suffix_len - len(suffix) :] = True
+            past_valid[i, past_len - n :] = True
+        cache = self._stack_past(found, past_len)
+        key_valid = torch.cat([past_valid, new_valid], dim=1).to(self.device)
+        logits = self._forward(ids.to(self.device), positions.to(self.device), key_valid, cache, past_len)
+        self.stats.prefill_tokens += sum(len(s) - n for s, n in zip(seqs, reused))
+        self.stats.reused_tokens += sum(reused)
+        next_pos = torch.tensor([len(s) for s in seqs], device=self.device)
+        return _Batch(cache, key_valid, next_pos, logits)
+
+    def _stack_past(self, found: list[tuple[int, LayerKV | None]], past_len: int) -> Any:
+        """A batched cache holding each row's reused KV, right-aligned in ``past_len`` columns."""
+        from transformers import DynamicCache
+
+        if past_len == 0:
+            return DynamicCache(config=self.model.config)
+        template = next(kv for _, kv in found if kv is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((len(found), k0.shape[0], past_len, k0.shape[2]))
+            values = v0.new_zeros((len(found), v0.shape[0], past_len, v0.shape[2]))
+            for i, (n, kv) in enumerate(found):
+                if n:
+                    keys[i, :, past_len - n :] = kv[layer][0]
+                    values[i, :, past_len - n :] = kv[layer][1]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any, past_len: int
+    ) -> torch.Tensor:
+        """One forward pass over ``ids`` [B, S] after ``past_len`` cached columns; last logits [B, V]."""
+        size, width = ids.shape
+        total = past_len + width
+        cols = torch.arange(total, device=self.device)
+        query_cols = past_len + torch.arange(width, device=self.device)
+        causal = cols[None, :] <= query_cols[:, None]  # [S, L]
+        allowed = causal[None] & key_valid[:, None, :]
+        # Padding rows attend to themselves, so that no row is fully masked (NaN in SDPA);
+        # their outputs are never read and their keys stay masked for every real row.
+        allowed[:, torch.arange(width), query_cols] = True
+        mask = allowed[:, None]
+        if not self._bool_mask:
+            mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=self.device).masked_fill(
+                ~mask, torch.finfo(self.model.dtype).min
+            )
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
+        return out.logits[:, -1, :]
+
+    def _row_kv(self, batch: _Batch, row: int) -> LayerKV:
+        """The KV of one row's real tokens, in order."""
+        valid = batch.key_valid[row]
+        return [(layer.keys[row][:, valid], layer.values[row][:, valid]) for layer in batch.cache.layers]
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def _sample(
+        self, contexts: list[list[int]], params: SamplingParams, generator: torch.Generator
+    ) -> list[Generation]:
+        batch = self._prefill(contexts, [len(c) - 1 for c in contexts])
+        size = len(contexts)
+        tokens: list[list[int]] = [[] for _ in range(size)]
+        logprobs: list[list[float]] = [[] for _ in range(size)]
+        texts = [""] * size
+        results: list[Generation | None] = [None] * size
+        active = list(range(size))  # original row of each batch row
+        while True:
+            next_ids, next_lp = sample_tokens(batch.logits, params.temperature, params.top_p, generator)
+            keep: list[int] = []
+            for b, row in enumerate(active):
+                token, lp = int(next_ids[b]), float(next_lp[b])
+                tokens[row].append(token)
+                logprobs[row].append(lp)
+                done = self._finish(row, token, tokens, logprobs, texts, params)
+                if done is None:
+                    keep.append(b)
+                    continue
+                results[row] = done
+                if self.reuse_prefix:  # the KV of context + all fed tokens (the last is not fed)
+                    self.prefix_cache.insert(contexts[row] + tokens[row][:-1], self._row_kv(batch, b))
+            self.stats.generated_tokens += len(active)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                batch.cache.batch_select_indices(index)
+                batch.key_valid = batch.key_valid[index]
+                batch.next_pos = batch.next_pos[index]
+                next_ids = next_ids[index]
+                active = [active[b] for b in keep]
+            past_len = batch.key_valid.shape[1]
+            batch.key_valid = torch.cat(
+                [batch.key_valid, torch.ones((len(active), 1), dtype=torch.bool, device=self.device)], dim=1
+            )
+            batch.logits = self._forward(
+                next_ids[:, None], batch.next_pos[:, None], batch.key_valid, batch.cache, past_len
+            )
+            batch.next_pos = batch.next_pos + 1
+        return [r for r in results if r is not None]
+
+    def _finish(
+        self,
+        row: int,
+        token: int,
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        texts: list[str],
+        params: SamplingParams,
+    ) -> Generation | None:
+        """The row's Generation if this token ends it (EOS, stop string, length), else None."""
+        ids = tokens[row]
+        if token in self.eos_ids:
+            text = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+            return Generation(tuple(ids), tuple(logprobs[row]), text, "stop")
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        end = find_stop(text, params.stop, start=len(texts[row]))
+        texts[row] = text
+        if end >= 0:
+            # The token that completes a stop string is kept whole, even if it runs past it.
+            return Generation(tuple(ids), tuple(logprobs[row]), text[:end], "stop")
+        if len(ids) >= params.max_new_tokens:
+            return Generation(tuple(ids), tuple(logprobs[row]), text, "length")
+        return None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ConfigError("the tokenizer has no EOS token; set tokenizer.eos_token")
+    return ids

@@ -1,0 +1,51 @@
+"""Pure pieces of token sampling shared by the policy backends: next-token choice and stop strings.
+
+Behaviour log-probs: a sampled token's log-prob is taken under ``log_softmax(logits / T)`` over
+the full vocabulary, before top-p truncation (and under ``log_softmax(logits)`` when greedy,
+T = 0). At T = 1 this is exactly the policy's own log-prob, which is what the trainer's
+importance ratios need; at other temperatures it is the tempered distribution the token was
+drawn from (top-p aside), as vLLM reports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of ``logits`` [B, V]; return (token ids [B], their log-probs [B])."""
+    logits = logits.float()
+    if temperature <= 0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    filtered = top_p_filter(logprobs, top_p) if top_p < 1.0 else logprobs
+    tokens = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator)[:, 0]
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+def top_p_filter(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to -inf every token outside the smallest set whose probability reaches ``top_p``."""
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+    probs = sorted_lp.exp()
+    # A token is dropped when the tokens ranked above it already reach top_p; the first never is.
+    drop = (probs.cumsum(dim=-1) - probs) >= top_p
+    sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+    return torch.full_like(logprobs, float("-inf")).scatter(-1, order, sorted_lp)
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """The end of the earliest stop string that finishes at or after ``start``, or -1."""
+    best = -1
+    for stop in stops:
+        if not stop:
+            continue
+        at = text.find(stop, max(0, start - len(stop) + 1))
+        if at >= 0 and (best < 0 or at + len(stop) < best):
+            best = at + len(stop)
+    return best
