@@ -137,6 +137,9 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         offline), ``"searxng:URL"``, ``"retrieve:URL"`` (Search-R1 server), ``"brave"`` or
         ``"serper"`` (keys from ``$BRAVE_API_KEY`` / ``$SERPER_API_KEY``), or a SearchBackend.
     search_url: for ``backend="local"``, a running ``treegym web serve`` to use instead.
+    corpus: what the in-process local web serves: ``"wiki"``, ``"synthetic"`` (the generated
+        multi-hop world of ``synthetic_passages`` passages, whose questions then become the
+        tasks), or a FlashRAG JSONL file.
     topk: results per search. page_chars: characters per page part. max_turns: turn budget.
     reward, format_score: as above.
     cache: use the persistent response cache; cache_path / cache_ttl_s: where, how long.
@@ -151,6 +154,8 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         items: Sequence[QAItem] | None = None,
         backend: str | SearchBackend = "local",
         search_url: str | None = None,
+        corpus: str = "wiki",
+        synthetic_passages: int = 2000,
         topk: int = 3,
         page_chars: int = 2000,
         max_turns: int = 6,
@@ -179,9 +184,10 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         if isinstance(backend, str):
             if backend == "local":
                 if search_url is None:
-                    from treegym.envs.web.local_web import default_local_web
+                    from treegym.envs.web.local_web import local_web_for
 
-                    search_url = default_local_web().url
+                    limit = synthetic_passages if corpus == "synthetic" else None
+                    search_url = local_web_for(corpus, limit).url
                 backend = make_backend(f"local:{search_url}")
             else:
                 backend = make_backend(backend)
@@ -195,6 +201,10 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
             "browse": BrowseTool(shared_fetcher(self.http), self.cache),
         })
 
+        if items is None and corpus == "synthetic" and dataset == "wiki":
+            from treegym.retrieval_index.synthetic import synthetic_world
+
+            items = synthetic_world(passages=synthetic_passages, seed=0).questions(split)
         if items is None:
             items = _shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_items(dataset, split, question_types))
         self.items: tuple[QAItem, ...] = tuple(items)

@@ -42,6 +42,12 @@ def test_slow_response_past_the_read_timeout_fails_with_timed_out(server):
     assert log.waits == []  # a slow server is not retried: that would multiply the wait
 
 
+def test_a_body_dripping_in_slower_than_the_deadline_times_out(server):
+    f, _ = fetcher()
+    with pytest.raises(FetchError, match=r"timed out after 0.3 s"):
+        f.get(f"{server.url}/drip?n=10&gap=0.1&key=drip")
+
+
 def test_server_errors_are_retried_with_growing_backoff_until_success(server):
     f, log = fetcher()
     resp = f.get(f"{server.url}/flaky?fail=2&status=500&key=b")

@@ -222,3 +222,22 @@ def test_web_serve_binds_loopback_and_prints_its_url():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_the_synthetic_world_is_served_as_a_linked_web(tmp_path):
+    env = WebSearchQAEnv(corpus="synthetic", synthetic_passages=200, cache_path=str(tmp_path / "c.sqlite"), http=NET)
+    obs, info = env.reset(seed=0)
+    assert info["task_id"].startswith("synq-")
+    obs, *_ = env.step(f"<search>{env.state.item.question}</search>")
+    url = first_url(obs)
+    page, _, _, _, info = env.step(f"<browse>{url}</browse>")
+    assert "tool_error" not in info and "Part 1 of" in page
+    title = re.search(r"Page: (.+?) - treegym local web", page).group(1)
+    passages = [d for d in env_site_docs(env) if d.title == title]
+    assert all(p.text[:40] in page for p in passages)  # an entity's article holds all its passages
+
+
+def env_site_docs(env):
+    from treegym.envs.web.local_web import local_web_for
+
+    return local_web_for("synthetic", 200).site.docs

@@ -106,6 +106,17 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
             if path == "/slow":
                 time.sleep(float(q.get("s", "1")))
                 return self.send(200, "text/html", PAGE)
+            if path == "/drip":  # every byte arrives in time, the whole body does not
+                pieces, gap = int(q.get("n", "10")), float(q.get("gap", "0.1"))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(pieces * 8))
+                self.end_headers()
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    for _ in range(pieces):
+                        self.wfile.write(b"<p>x</p>")
+                        time.sleep(gap)
+                return None
             if path == "/flaky":
                 if n <= int(q.get("fail", "1")):
                     return self.send(int(q.get("status", "500")), "text/plain", b"internal error")

@@ -41,12 +41,14 @@ TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown
 class FetchError(TreegymError):
     """A request that failed for good (after any retries). ``reason`` is agent-readable."""
 
-    def __init__(self, url: str, reason: str, *, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(self, url: str, reason: str, *, status: int | None = None, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{url}: {reason}")
         self.url = url
         self.reason = reason
         self.status = status
         self.retryable = retryable
+        self.retry_after = retry_after  # seconds the server asked us to wait (429/503)
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class Fetcher:
                     break
                 with self._rng_lock:
                     wait = backoff_delay(attempt, cfg, self._rng)
-                hinted = getattr(err, "retry_after", None)
+                hinted = err.retry_after
                 if hinted is not None:
                     if hinted > cfg.max_retry_after_s:
                         raise FetchError(url, f"{err.reason}; Retry-After {_fmt_s(round(hinted, 1))} is over the "
@@ -203,7 +205,10 @@ class Fetcher:
                  headers: Mapping[str, str] | None, expect: str, oversize: str) -> Response:
         cfg = self.config
         host = urlsplit(url).netloc
-        self.requests_sent += 1
+        with self._hosts_lock:
+            self.requests_sent += 1
+        # One deadline for headers and body together: requests' read timeout is per socket read.
+        deadline = time.monotonic() + cfg.read_timeout_s
         try:
             r = self.session.request(method, url, params=params, json=json_body, headers=dict(headers or {}),
                                      timeout=(cfg.connect_timeout_s, cfg.read_timeout_s), stream=True,
@@ -221,24 +226,22 @@ class Fetcher:
             status = r.status_code
             ctype = r.headers.get("Content-Type", "").lower()
             if status in RETRY_STATUS or 500 <= status < 600:
-                err = FetchError(url, f"HTTP {status}" + (" (rate limited)" if status == 429 else " (server error)"),
-                                 status=status, retryable=status in RETRY_STATUS)
-                err.retry_after = parse_retry_after(r.headers.get("Retry-After"))  # type: ignore[attr-defined]
-                raise err
+                raise FetchError(url, f"HTTP {status}" + (" (rate limited)" if status == 429 else " (server error)"),
+                                 status=status, retryable=status in RETRY_STATUS,
+                                 retry_after=parse_retry_after(r.headers.get("Retry-After")))
             if status >= 400:
                 raise FetchError(url, f"HTTP {status}" + (f": {_snippet(r)}" if "json" in ctype or "text" in ctype else ""), status=status)
             _check_type(url, ctype, expect)
-            body, truncated = self._read_body(r, url, oversize)
+            body, truncated = self._read_body(r, url, oversize, deadline)
         if expect == "text" and b"\x00" in body[:2048]:
             raise FetchError(url, f"binary content (declared {ctype or 'no content type'}), not a text page", status=status)
         return Response(r.url, status, ctype, decode_body(body, ctype), truncated, headers=dict(r.headers))
 
-    def _read_body(self, r: requests.Response, url: str, oversize: str) -> tuple[bytes, bool]:
+    def _read_body(self, r: requests.Response, url: str, oversize: str, deadline: float) -> tuple[bytes, bool]:
         cfg = self.config
         declared = r.headers.get("Content-Length")
         if oversize == "error" and declared and declared.isdigit() and int(declared) > cfg.max_bytes:
             raise FetchError(url, f"response of {_fmt_bytes(int(declared))} is over the {_fmt_bytes(cfg.max_bytes)} cap")
-        deadline = time.monotonic() + cfg.read_timeout_s
         chunks: list[bytes] = []
         size = 0
         try:

@@ -56,9 +56,11 @@ class Site:
         if not docs:
             raise ConfigError("the local web needs at least one document")
         self.docs = list(docs)
-        self.by_title: dict[str, Document] = {}
+        # An entity may span several passages (the synthetic world spreads its facts): its
+        # article shows them all, in corpus order.
+        self.by_title: dict[str, list[Document]] = {}
         for d in self.docs:
-            self.by_title.setdefault(d.title or d.id, d)
+            self.by_title.setdefault(d.title or d.id, []).append(d)
         self.by_id = {d.id: d for d in self.docs}
         self._bm25s = bm25s
         self.index = self._load_or_build(bm25s)
@@ -86,12 +88,17 @@ class Site:
                 shutil.rmtree(tmp, ignore_errors=True)
         return index
 
-    def search(self, query: str, k: int) -> list[tuple[Document, float]]:
-        k = max(1, min(k, len(self.docs)))
+    def search(self, query: str, k: int, *, per_article: bool = False) -> list[tuple[Document, float]]:
+        """Top-k passages by BM25; ``per_article`` keeps only the best passage of each title."""
+        want = max(1, min(k * (3 if per_article else 1), len(self.docs)))
         tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
         with self._lock:
-            ids, scores = self.index.retrieve(tokens, k=k, show_progress=False)
-        return [(self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
+            ids, scores = self.index.retrieve(tokens, k=want, show_progress=False)
+        hits = [(self.docs[int(i)], float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
+        if per_article:
+            seen: set[str] = set()
+            hits = [h for h in hits if not (h[0].title in seen or seen.add(h[0].title))]
+        return hits[:k]
 
     def linked_html(self, doc: Document) -> str:
         """The passage as HTML, each mentioned title of another article linked once."""
@@ -127,17 +134,22 @@ class Site:
         out.append(html.escape(doc.text[pos:]))
         return "".join(out)
 
-    def article(self, doc: Document) -> str:
-        title = html.escape(doc.title or doc.id)
+    def article(self, title: str) -> str:
+        """The HTML page of one title (all its passages), with the usual site chrome around it."""
+        docs = self.by_title[title]
+        doc = docs[0]
+        title = html.escape(title)
         desc = f'<p class="description"><i>{html.escape(doc.description)}</i></p>' if doc.description else ""
+        body = "".join(f"<p>{self.linked_html(d)}</p>" for d in docs)
+        ids = ", ".join(html.escape(d.id) for d in docs)
         return (
             f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} - treegym local web</title>"
             "<style>body{font-family:sans-serif;max-width:48em;margin:auto}</style>"
             "<script>window.analytics = {track: function () {}};</script></head><body>"
             '<header><a href="/">treegym local web</a> <form action="/search"><input name="q"></form></header>'
             '<nav><ul><li><a href="/">Main page</a></li><li><a href="/search?q=">Search</a></li></ul></nav>'
-            f"<main><article><h1>{title}</h1>{desc}<p>{self.linked_html(doc)}</p></article></main>"
-            f"<footer>Text from Wikipedia contributors, CC BY-SA. Passage id {html.escape(doc.id)}.</footer>"
+            f"<main><article><h1>{title}</h1>{desc}{body}</article></main>"
+            f"<footer>Text of the served corpus (built-in: Wikipedia contributors, CC BY-SA). Passage ids: {ids}.</footer>"
             "</body></html>"
         )
 
@@ -253,10 +265,9 @@ class LocalWeb:
             return _json(200, {"status": "ok", "documents": len(site.docs), "requests": self.requests})
         if path.startswith("/wiki/"):
             title = unquote(path[len("/wiki/"):]).replace("_", " ")
-            doc = site.by_title.get(title)
-            if doc is None:
+            if title not in site.by_title:
                 return _html(404, f"<html><body><h1>Not found</h1><p>No article titled {html.escape(title)}.</p></body></html>")
-            return _html(200, site.article(doc))
+            return _html(200, site.article(title))
         if path.startswith("/doc/"):
             doc = site.by_id.get(unquote(path[len("/doc/"):]))
             if doc is None:
@@ -268,7 +279,7 @@ class LocalWeb:
                 k = max(1, min(int((query.get("k") or query.get("count") or ["10"])[0]), 100))
             except ValueError:
                 return _json(400, {"error": "k must be an integer"})
-            hits = site.search(q, k) if q.strip() else []
+            hits = site.search(q, k, per_article=True) if q.strip() else []
             results = [{"url": f"{self.url}/wiki/{slug(d.title or d.id)}", "title": d.title, "content": _snippet(d.text),
                         "engine": "treegym-local", "engines": ["treegym-local"], "score": round(s, 4),
                         "category": "general", "positions": [r + 1]} for r, (d, s) in enumerate(hits)]
@@ -378,14 +389,19 @@ def load_docs(corpus: str | None, limit: int | None = None) -> list[Document]:
     return list(read_jsonl(path, limit))
 
 
-_DEFAULT: LocalWeb | None = None
-_DEFAULT_LOCK = threading.Lock()
+_RUNNING: dict[tuple[str, int | None], LocalWeb] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def local_web_for(corpus: str = "wiki", limit: int | None = None) -> LocalWeb:
+    """The process's in-process local web over ``corpus`` (see ``load_docs``), started on first use."""
+    with _RUNNING_LOCK:
+        key = (corpus, limit)
+        if key not in _RUNNING:
+            _RUNNING[key] = LocalWeb(load_docs(corpus, limit)).start()
+        return _RUNNING[key]
 
 
 def default_local_web() -> LocalWeb:
-    """The process's in-process local web over the built-in corpus, started on first use."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = LocalWeb().start()
-        return _DEFAULT
+    """The in-process local web over the built-in corpus."""
+    return local_web_for("wiki")
