@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import gymnasium as gym
@@ -79,12 +79,12 @@ class _Sampler:
         self._start = (s.generated_tokens, s.prefill_tokens, s.reused_tokens)
         self._pool_start = (self.pool.stats.tool_calls, self.pool.stats.steps)
 
-    def reset_prompt(self, prompt: Prompt) -> tuple[_Root, list[int]]:
-        """Reset a fork of the base env on ``prompt``: its root env and prompt ids."""
+    def reset_prompt(self, prompt: Prompt) -> tuple[_Root, str, list[int]]:
+        """Reset a fork of the base env on ``prompt``: its root env, prompt text and ids."""
         env = self.base.fork()
         seed, options = _reset_args(prompt)
         obs, info = env.reset(seed=seed, options=options)
-        return _Root(env, env.snapshot(), dict(info)), self.ctx.prompt_ids(obs)
+        return _Root(env, env.snapshot(), dict(info)), obs, self.ctx.prompt_ids(obs)
 
     def branch_from(self, tree: Tree, root: _Root, node_id: int) -> _Branch:
         """A new branch that continues from ``node_id``: env forked there, context rebuilt."""
@@ -308,11 +308,12 @@ def _start_trees(sampler: _Sampler, prompts: Sequence[Prompt], per_prompt: int) 
     trees: list[Tree] = []
     roots: list[_Root] = []
     for p, prompt in enumerate(prompts):
-        root, prompt_ids = sampler.reset_prompt(prompt)
+        root, text, prompt_ids = sampler.reset_prompt(prompt)
         for t in range(per_prompt):
             root_node = Node(node_id=0, parent=None, depth=0, turn=None)
-            trees.append(Tree(prompt_index=p, tree_index=t, prompt_ids=list(prompt_ids), nodes=[root_node]))
-            roots.append(replace(root, info=dict(root.info)))
+            trees.append(Tree(prompt_index=p, tree_index=t, prompt_ids=list(prompt_ids), nodes=[root_node],
+                              prompt_text=text, info=dict(root.info)))
+            roots.append(root)
     return trees, roots
 
 

@@ -51,6 +51,8 @@ class Tree:
     nodes: list[Node]
     kept_leaves: list[int] = field(default_factory=list)  # leaves turned into Rollouts
     expanded: list[int] = field(default_factory=list)  # nodes chosen for expansion, in order
+    prompt_text: str = ""  # the env's opening observation
+    info: dict[str, Any] = field(default_factory=dict)  # the env's reset info
 
     def leaves(self) -> list[int]:
         """Node ids of every finished node (terminal or truncated), kept or not."""

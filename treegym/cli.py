@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "treegym.retrieval_index.data_cli",
     "treegym.envs.web.cli",
     "treegym.trainers.cli",
+    "treegym.agents.cli_eval",
 ]
 
 

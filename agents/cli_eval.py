@@ -1,0 +1,72 @@
+"""``treegym eval``: run an agent on an env and print EM / F1 / success with 95% intervals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from treegym.agents.policy import SamplingParams
+from treegym.errors import ConfigError
+
+_AGENT_HELP = (
+    "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
+    "(heuristic/oracle resolve per env: the QA agents on TreeSearchQA/WebSearchQA, the expert "
+    "walkthrough as oracle on TextHousehold)"
+)
+
+
+def add_commands(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate an agent on an env (EM, F1, success with 95%% intervals)",
+        description="Run AGENT on N tasks of ENV and print EM, F1 and success with 95%% intervals "
+        "(Wilson for rates, bootstrap for means), average turns and tool calls. Writes "
+        "traces.jsonl and report.json to --out; --trees also writes trees.html.",
+    )
+    p.add_argument("--agent", required=True, help=_AGENT_HELP)
+    p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
+    p.add_argument("--n", type=int, default=20, help="episodes (distinct tasks, drawn with --seed; default 20)")
+    p.add_argument("--split", default="dev", help="task split (default dev; TextHousehold maps dev to seen)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the task draw and tree search (default 0)")
+    p.add_argument("--out", default=None, help="folder for traces.jsonl, report.json, trees.html")
+    p.add_argument("--trees", action="store_true",
+                   help="policy agents: also sample Tree-GRPO trees (m=2 n=2 l=1 k=3) and write trees.html")
+    p.add_argument("--tree-prompts", type=int, default=4, help="tasks to grow trees for with --trees (default 4)")
+    p.add_argument("--max-turns", type=int, default=None, help="cap on turns per episode (default: the env's)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="policy agents: tokens per turn (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="policy agents: 0 = greedy (default)")
+    p.add_argument("--mode", choices=("chat", "raw"), default="chat", help="policy agents: context format")
+    p.add_argument("--env-kwargs", default=None,
+                   help='JSON of extra env arguments, e.g. \'{"corpus_limit": 300}\'')
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from treegym.agents.eval import evaluate, report_dict
+
+    env_kwargs = None
+    if args.env_kwargs:
+        try:
+            env_kwargs = json.loads(args.env_kwargs)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--env-kwargs is not valid JSON: {exc}") from exc
+        if not isinstance(env_kwargs, dict):
+            raise ConfigError("--env-kwargs must be a JSON object")
+    report = evaluate(
+        args.agent, args.env, args.n, split=args.split, seed=args.seed, out=args.out, trees=args.trees,
+        env_kwargs=env_kwargs, max_turns=args.max_turns,
+        params=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
+        mode=args.mode, tree_prompts=args.tree_prompts, progress=not args.no_progress,
+    )
+    if args.json:
+        print(json.dumps(report_dict(report), indent=2))
+    else:
+        print(report.table())
+        for err in report.errors:
+            print(f"failed: {err}")
+        for kind, path in report.files.items():
+            print(f"{kind}: {path}")
+    return 0

@@ -1,0 +1,349 @@
+"""Evaluating an agent on an env: EM, F1 and success with 95% intervals, plus JSONL traces.
+
+``evaluate(agent, env_id, n)`` runs ``n`` tasks and returns an ``EvalReport``. ``agent`` is a
+spec string (see ``treegym.agents.resolve``) or an object: a text agent (``act(messages)``
+or a callable) runs one episode at a time through ``run_episode``; a token-level ``Policy``
+runs every task as a batched chain (one ``generate`` per turn for all tasks), and can also
+sample Tree-GRPO trees for an HTML view.
+
+Intervals (95%): Wilson score intervals for the 0/1 rates (EM, success), which stay inside
+[0, 1] and behave at small n; percentile bootstrap (2,000 resamples, seeded) for the means of
+F1, turns and tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from treegym.agents.base import Message
+from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.resolve import ResolvedAgent, resolve_agent
+from treegym.agents.run import Episode, run_episode
+from treegym.errors import ConfigError, TreegymError
+from treegym.trainers.rollout import Prompt, sample_chains, sample_trees
+from treegym.trainers.types import Tree
+
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95% confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+@dataclass(frozen=True)
+class EpisodeScore:
+    """The per-episode figures the report aggregates."""
+
+    episode_id: str
+    em: float
+    f1: float
+    success: float
+    reward: float
+    turns: int
+    tool_calls: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """An evaluation's result: aggregate figures, per-episode scores, errors, output files."""
+
+    agent: str
+    env_id: str
+    n: int
+    em: Interval
+    f1: Interval
+    success: Interval
+    turns: Interval
+    tool_calls: Interval
+    reward: Interval
+    scores: tuple[EpisodeScore, ...]
+    errors: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The human-readable table ``treegym eval`` prints."""
+        rows = [("EM", self.em), ("F1", self.f1), ("success", self.success), ("reward", self.reward),
+                ("turns", self.turns), ("tool calls", self.tool_calls)]
+        head = f"{self.agent} on {self.env_id}: {self.n} episodes, {len(self.errors)} failed"
+        lines = [head, f"{'metric':<12}{'mean':>8}   95% interval", "-" * 36]
+        lines += [f"{name:<12}{iv.mean:>8.3f}   [{iv.low:.3f}, {iv.high:.3f}]" for name, iv in rows]
+        lines.append("(Wilson intervals for EM and success; percentile bootstrap for the means)")
+        return "\n".join(lines)
+
+
+# ---- statistics (pure) ---------------------------------------------------------------------
+
+
+def wilson_interval(values: Sequence[float], z: float = Z95) -> Interval:
+    """Wilson score interval of a rate of 0/1 outcomes (fractional values count as they are)."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    p = float(sum(values)) / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int = 0) -> Interval:
+    """Percentile-bootstrap 95% interval of a mean."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    return Interval(float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
+
+
+def score_episode(ep: Episode) -> EpisodeScore:
+    """EM / F1 from the env's final info (0 when it never answered); success from
+    ``info["success"]`` or ``info["won"]`` when the env reports it, else EM, else reward > 0."""
+    info = ep.info
+    em = float(info.get("em", 0.0))
+    f1 = float(info.get("f1", em))
+    if "success" in info:
+        success = float(bool(info["success"]))
+    elif "won" in info:
+        success = float(bool(info["won"]))
+    elif "em" in info or "answers" in info:
+        success = em
+    else:
+        success = float(ep.reward > 0)
+    return EpisodeScore(ep.episode_id, em, f1, success, ep.reward, ep.turns, ep.tool_calls, ep.error)
+
+
+def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[str, str] | None = None) -> EvalReport:
+    scores = [score_episode(ep) for ep in episodes]
+    return EvalReport(
+        agent=agent,
+        env_id=env_id,
+        n=len(scores),
+        em=wilson_interval([s.em for s in scores]),
+        f1=bootstrap_interval([s.f1 for s in scores]),
+        success=wilson_interval([s.success for s in scores]),
+        turns=bootstrap_interval([s.turns for s in scores]),
+        tool_calls=bootstrap_interval([s.tool_calls for s in scores]),
+        reward=bootstrap_interval([s.reward for s in scores]),
+        scores=tuple(scores),
+        errors=tuple(s.error for s in scores if s.error),
+        files=dict(files or {}),
+    )
+
+
+# ---- tasks ---------------------------------------------------------------------------------
+
+
+def make_eval_env(env_id: str, split: str | None, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """``gym.make`` the env on ``split``. TextHousehold has no ``dev``: it maps to ``seen``."""
+    import treegym  # noqa: F401  (registers the ids)
+
+    kwargs = dict(env_kwargs or {})
+    if split is not None:
+        if env_id.startswith("TextHousehold") and split == "dev":
+            split = "seen"
+        kwargs.setdefault("split", split)
+    if env_id not in gym.registry:
+        known = ", ".join(sorted(k for k in gym.registry if "QA" in k or "Household" in k))
+        raise ConfigError(f"unknown env {env_id!r}; treegym envs: {known}")
+    try:
+        return gym.make(env_id, **kwargs)
+    except TreegymError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cannot make {env_id} with {kwargs}: {exc}") from exc
+
+
+def task_prompts(env: gym.Env, n: int, seed: int) -> list[Prompt]:
+    """``n`` tasks: distinct task ids drawn (seeded) when the env lists its tasks, else seeds."""
+    base = env.unwrapped
+    ids: list[str] = []
+    if getattr(base, "items", None):
+        ids = [str(it.id) for it in base.items]
+    elif getattr(base, "task_ids", None):
+        ids = [str(t) for t in (base.task_ids() if callable(base.task_ids) else base.task_ids)]
+    if not ids:
+        return [seed + i for i in range(n)]
+    rng = random.Random(seed)
+    order = rng.sample(ids, len(ids))
+    # More episodes than tasks: go round again (the trace shows the repeats by episode id).
+    return [{"task_id": order[i % len(order)], "seed": seed + i} for i in range(n)]
+
+
+def _episode_id(i: int, prompt: Prompt) -> str:
+    if isinstance(prompt, dict) and "task_id" in prompt:
+        return f"{i}:{prompt['task_id']}"
+    return f"{i}:seed={prompt}"
+
+
+# ---- running -------------------------------------------------------------------------------
+
+
+def evaluate(
+    agent: str | Any,
+    env_id: str,
+    n: int,
+    split: str | None = "dev",
+    seed: int = 0,
+    out: str | Path | None = None,
+    trees: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    max_turns: int | None = None,
+    params: SamplingParams | None = None,
+    mode: str = "chat",
+    batch_size: int = 16,
+    tree_prompts: int = 4,
+    progress: bool = True,
+) -> EvalReport:
+    """Run ``agent`` on ``n`` tasks of ``env_id`` and summarise.
+
+    Args:
+        agent: a spec (``heuristic``, ``oracle``, ``smollm2``, a model folder,
+            ``openai:URL[#model]``, ``module:callable``) or an agent / Policy object.
+        split: the task split (``dev`` by default; ``None`` keeps the env's own default).
+        out: a folder for ``traces.jsonl``, ``report.json`` and (``trees``) ``trees.html``.
+        trees: also sample Tree-GRPO trees (m=2, n=2, l=1, k=3) on the first ``tree_prompts``
+            tasks and write their HTML view (policy agents only).
+        params: sampling of policy agents (default: greedy, 128 new tokens).
+        mode: context format of policy agents, ``chat`` or ``raw``.
+    """
+    if n < 1:
+        raise ConfigError(f"n must be at least 1, got {n}")
+    env = make_eval_env(env_id, split, env_kwargs)
+    resolved = resolve_agent(agent, env_id) if isinstance(agent, str) else ResolvedAgent(str(type(agent).__name__), agent)
+    if trees and not resolved.is_policy:
+        raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
+    prompts = task_prompts(env, n, seed)
+    params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
+    out_dir = Path(out) if out is not None else None
+    files: dict[str, str] = {}
+    bar = _progress(n, f"eval {resolved.name}", progress)
+    try:
+        if resolved.is_policy:
+            episodes = _run_policy(resolved.obj, env, prompts, params, max_turns, mode, batch_size, bar)
+        else:
+            episodes = []
+            for i, prompt in enumerate(prompts):
+                seed_i, options = _split_prompt(prompt)
+                episodes.append(run_episode(env, resolved.obj, seed=seed_i, options=options,
+                                            max_turns=max_turns, episode_id=_episode_id(i, prompt)))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(failed=sum(e.error is not None for e in episodes))
+    finally:
+        if bar is not None:
+            bar.close()
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files["traces"] = str(write_traces(out_dir / "traces.jsonl", episodes))
+    if trees:
+        sampled = sample_trees(resolved.obj, env, prompts[:tree_prompts], m=2, n=2, l=1, k=3,
+                               params=replace_temperature(params), max_turns=max_turns, mode=mode, seed=seed)
+        if out_dir is not None:
+            from treegym.agents.tree_html import write_tree_html
+
+            files["trees"] = str(write_tree_html(out_dir / "trees.html", sampled.trees, resolved.obj.tokenizer,
+                                                 title=f"{resolved.name} on {env_id}"))
+    if out_dir is not None:
+        files["report"] = str(out_dir / "report.json")
+    report = summarise(resolved.name, env_id, episodes, files)
+    if out_dir is not None:
+        Path(files["report"]).write_text(json.dumps(report_dict(report), indent=2), encoding="utf-8")
+    return report
+
+
+def replace_temperature(params: SamplingParams) -> SamplingParams:
+    """Trees need diversity: greedy decoding would grow identical branches, so T >= 1."""
+    from dataclasses import replace
+
+    return params if params.temperature > 0 else replace(params, temperature=1.0)
+
+
+def _run_policy(policy: Policy, env: gym.Env, prompts: list[Prompt], params: SamplingParams,
+                max_turns: int | None, mode: str, batch_size: int, bar: Any) -> list[Episode]:
+    """Every task as a chain; all tasks of a chunk generate together, turn by turn."""
+    episodes: list[Episode] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        batch = sample_chains(policy, env, chunk, group_size=1, params=params, max_turns=max_turns, mode=mode)  # type: ignore[arg-type]
+        for tree in batch.trees:
+            i = start + tree.prompt_index
+            episodes.append(_episode_of_tree(tree, _episode_id(i, prompts[i])))
+        if bar is not None:
+            bar.update(len(chunk))
+    return episodes
+
+
+def _episode_of_tree(tree: Tree, episode_id: str) -> Episode:
+    """A chain's single path, in the Episode shape of text agents (messages from the texts)."""
+    leaf = tree.leaves()[0]
+    path = tree.path(leaf)
+    messages: list[Message] = [{"role": "user", "content": tree.prompt_text}]
+    tool_calls = 0
+    for nid in path:
+        turn = tree.nodes[nid].turn
+        assert turn is not None
+        messages.append({"role": "assistant", "content": turn.action_text})
+        if turn.obs_text:
+            messages.append({"role": "user", "content": turn.obs_text})
+        tool_calls += turn.tool_calls
+    last = tree.nodes[leaf].turn
+    assert last is not None
+    return Episode(episode_id, messages, float(tree.nodes[leaf].reward or 0.0), len(path), tool_calls,
+                   dict(last.info), None, last.terminated, last.truncated)
+
+
+def _split_prompt(prompt: Prompt) -> tuple[int | None, dict[str, Any] | None]:
+    if isinstance(prompt, dict):
+        options = dict(prompt)
+        return options.pop("seed", None), options
+    return prompt, None
+
+
+def write_traces(path: Path, episodes: Sequence[Episode]) -> Path:
+    """One JSON line per episode: id, scores, messages, final info, error."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for ep in episodes:
+            s = score_episode(ep)
+            record = {**asdict(s), "messages": ep.messages, "terminated": ep.terminated,
+                      "truncated": ep.truncated, "info": _jsonable(ep.info)}
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def report_dict(report: EvalReport) -> dict[str, Any]:
+    d = asdict(report)
+    d.pop("scores")
+    return d
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep")

@@ -1,0 +1,110 @@
+"""Turning an agent spec from the command line into an agent, per env.
+
+Specs:
+
+- ``heuristic``: ``HeuristicQAAgent`` on the QA envs (TreeSearchQA, WebSearchQA); the
+  household package's heuristic agent on TextHousehold when it provides one.
+- ``oracle``: ``OracleQAAgent`` on the QA envs; ``HouseholdOracle`` (the expert walkthrough)
+  on TextHousehold.
+- ``smollm2`` or a local HF model folder: an ``HFPolicy`` (a token-level policy).
+- ``openai:URL`` or ``openai:URL#model``: an OpenAI-compatible chat agent.
+- ``module:callable``: an attribute of an importable module. A class is instantiated with no
+  arguments; any other object is used as it is (an agent, a callable, or a Policy).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from treegym.agents.base import Agent
+from treegym.agents.policy import Policy
+from treegym.errors import ConfigError
+
+SCRIPTED = ("heuristic", "oracle")
+
+
+@dataclass(frozen=True)
+class ResolvedAgent:
+    """An agent and what kind it is: a text agent (``act``) or a token-level ``Policy``."""
+
+    name: str
+    obj: Any
+
+    @property
+    def is_policy(self) -> bool:
+        return isinstance(self.obj, Policy) and not isinstance(self.obj, Agent)
+
+
+def resolve_agent(spec: str, env_id: str) -> ResolvedAgent:
+    """The agent that ``spec`` names, for ``env_id`` (see the module docstring)."""
+    spec = spec.strip()
+    if not spec:
+        raise ConfigError("empty agent spec; use heuristic, oracle, smollm2, a model folder, openai:URL or module:callable")
+    if spec in SCRIPTED:
+        return ResolvedAgent(spec, scripted_agent(spec, env_id))
+    if spec.startswith("openai:"):
+        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :]))
+    if spec.lower() == "smollm2" or Path(spec).expanduser().is_dir():
+        from treegym.agents.hf_policy import HFPolicy
+
+        name = "smollm2" if spec.lower() == "smollm2" else Path(spec).name
+        return ResolvedAgent(name, HFPolicy.from_pretrained(spec))
+    if ":" in spec:
+        return ResolvedAgent(spec, import_agent(spec))
+    raise ConfigError(
+        f"unknown agent {spec!r}: use heuristic, oracle, smollm2, a local model folder, "
+        "openai:URL[#model] or module:callable"
+    )
+
+
+def scripted_agent(name: str, env_id: str) -> Any:
+    """The heuristic or oracle agent of ``env_id``."""
+    if env_id.startswith(("TreeSearchQA", "WebSearchQA")):
+        from treegym.agents.scripted import HeuristicQAAgent, OracleQAAgent
+
+        return HeuristicQAAgent() if name == "heuristic" else OracleQAAgent()
+    if env_id.startswith("TextHousehold"):
+        planner = importlib.import_module("treegym.envs.household.planner")
+        attr = {"oracle": "HouseholdOracle", "heuristic": "HouseholdHeuristic"}[name]
+        cls = getattr(planner, attr, None)
+        if cls is None:
+            raise ConfigError(f"TextHousehold has no {name} agent; available: oracle")
+        return cls()
+    raise ConfigError(f"no scripted {name} agent for {env_id}")
+
+
+def openai_agent(target: str) -> Any:
+    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent``."""
+    url, _, model = target.partition("#")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"openai agent needs an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#model; got {url!r}")
+    try:
+        from treegym.agents.openai_agent import OpenAIChatAgent
+    except ImportError as exc:
+        raise ConfigError(f"the OpenAI-compatible agent is not available: {exc}") from exc
+    return OpenAIChatAgent(url, model=model or None)
+
+
+def import_agent(spec: str) -> Any:
+    """``module:attr`` -> the attribute (a class is instantiated with no arguments)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for agent {spec!r}: {exc}") from exc
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (agent {spec!r})")
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except TypeError as exc:
+            raise ConfigError(f"agent class {spec} must be constructible with no arguments: {exc}") from exc
+    if not (callable(obj) or isinstance(obj, (Agent, Policy))):
+        raise ConfigError(f"{spec} is neither an agent, a callable nor a Policy")
+    return obj
