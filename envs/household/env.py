@@ -54,7 +54,8 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     filters the draw. Without a task id, the task is drawn with the seeded RNG.
 
     **Arguments.** ``split`` (train | seen | unseen, or valid_seen / valid_unseen),
-    ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget).
+    ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget),
+    ``render_mode`` (None or "ansi": ``render()`` returns the ``look`` text).
 
     **Differences from ALFWorld's TextWorld engine** (checked step by step by the differential
     test in ``tests/test_household_alfworld.py``, which plays exported tasks on the real engine):
@@ -71,14 +72,20 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     - A step after the episode ended is still applied (the real gym wrapper stops the game).
     """
 
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+
     def __init__(
         self,
         split: str = "train",
         task_types: Sequence[str] | None = None,
         max_steps: int = 50,
         max_action_chars: int = 1 << 20,
+        render_mode: str | None = None,
     ) -> None:
         super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
         self.split = normalize_split(split)
         self.task_types = self._check_types(task_types)
         self.max_steps = int(max_steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from treegym.envs.household.tasks import APPLIANCE, Task, make_task
+from treegym.envs.household.text import extract_command
 from treegym.envs.household.world import MIDDLE, State, World, actions, apply, goal_met
 
 TREATMENT_VERB = {
@@ -95,13 +96,25 @@ def walkthrough(task: Task, max_len: int = 100) -> list[str]:
 
 
 class HouseholdOracle:
-    """An agent that plays the expert walkthrough of the task named in ``info['task_id']``."""
+    """An agent that plays the expert on the task named in ``info['task_id']``.
+
+    It rebuilds the state from its own past actions in ``messages`` each turn, so one oracle
+    can drive any number of forks of the same episode.
+    """
 
     def __init__(self) -> None:
-        self._plan: list[str] = []
+        self._task: Task | None = None
 
     def begin(self, info: dict[str, Any]) -> None:
-        self._plan = walkthrough(make_task(info["task_id"]))
+        self._task = make_task(info["task_id"])
 
     def act(self, messages: list[dict[str, str]]) -> str:
-        return self._plan.pop(0) if self._plan else "look"
+        if self._task is None:
+            return "look"
+        world, state = self._task.world, self._task.initial
+        for m in messages:
+            if m.get("role") == "assistant":
+                action = actions(world, state).get(extract_command(m.get("content", "")))
+                if action is not None:
+                    state, _ = apply(world, state, action)
+        return next_command(world, state) or "look"

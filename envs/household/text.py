@@ -11,8 +11,6 @@ import re
 
 # Longer actions are never a command; cut early so that a 1 MB turn costs microseconds.
 MAX_COMMAND_CHARS = 200
-_ACTION_RE = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
-_THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL | re.IGNORECASE)
 _PUT_RE = re.compile(r"^put (.+?) (?:in|on|in/on|into|onto) (.+)$")
 
 INSTRUCTIONS = (
@@ -29,9 +27,7 @@ def extract_command(action: str) -> str:
     if not isinstance(action, str):
         return ""
     if "<" in action:
-        # The last <action> block wins: models sometimes restate a draft first.
-        found = _ACTION_RE.findall(action)
-        text = found[-1] if found else _THINK_RE.sub(" ", action)
+        text = _strip_markup(action)
     else:
         text = action
     text = text.strip()
@@ -43,6 +39,27 @@ def extract_command(action: str) -> str:
     if m:
         cmd = f"move {m.group(1)} to {m.group(2)}"
     return cmd
+
+
+def _strip_markup(action: str) -> str:
+    """The last ``<action>`` block, else the text outside ``<think>`` blocks (linear time)."""
+    low = action.lower()
+    # The last <action> block wins: models sometimes restate a draft first.
+    start = low.rfind("<action>")
+    if start >= 0:
+        end = low.find("</action>", start)
+        return action[start + 8 : end if end >= 0 else len(action)]
+    parts, pos = [], 0
+    while True:
+        open_ = low.find("<think>", pos)
+        if open_ < 0:
+            parts.append(action[pos:])
+            return " ".join(parts)
+        parts.append(action[pos:open_])
+        close = low.find("</think>", open_)
+        if close < 0:
+            return " ".join(parts)
+        pos = close + 8
 
 
 def opening_prompt(intro: str) -> str:
