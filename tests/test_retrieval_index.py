@@ -93,6 +93,17 @@ def test_open_retriever_shares_one_object_per_process_and_deepcopy_keeps_it():
     assert a.dense is open_retriever(index="flat", limit=LIMIT, progress=False)
 
 
+def test_concurrent_searches_from_many_threads_equal_sequential_ones():
+    from concurrent.futures import ThreadPoolExecutor
+
+    hybrid = open_retriever(index="hybrid", limit=LIMIT, progress=False)
+    queries = [q for q, _ in QUERIES]
+    expected = [hybrid.search([q], 3)[0] for q in queries]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        got = list(pool.map(lambda q: hybrid.search([q], 3)[0], queries))
+    assert got == expected
+
+
 def test_pickled_retriever_reopens_from_the_cache_with_equal_results():
     flat = open_retriever(index="flat", limit=LIMIT, progress=False)
     clone = pickle.loads(pickle.dumps(flat))
