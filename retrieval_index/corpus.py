@@ -50,6 +50,18 @@ def split_contents(contents: str) -> tuple[str, str]:
     return "", contents
 
 
+def _passage_text(entry: dict) -> str:
+    """The lead paragraph, preceded by the Wikidata description.
+
+    The package's extracts have Wikipedia's parenthesised life dates stripped ("Wilhelm
+    Conrad Röntgen was ..."); the description keeps them ("German physicist (1845–1923)").
+    Without it, year and comparison questions would not be answerable from the passage.
+    """
+    extract = " ".join((entry.get("extract") or "").split())
+    description = " ".join((entry.get("description") or "").split())
+    return f"{description}. {extract}" if description else extract
+
+
 @lru_cache(maxsize=1)
 def wiki_documents() -> tuple[Document, ...]:
     """The built-in corpus, read from the installed package (about 0.3 s)."""
@@ -63,7 +75,7 @@ def wiki_documents() -> tuple[Document, ...]:
             Document(
                 id=f"wiki-{i:05d}",
                 title=entry.get("title") or key,
-                text=" ".join((entry.get("extract") or "").split()),
+                text=_passage_text(entry),
                 description=entry.get("description") or "",
                 topic=entry.get("topic") or "",
             )

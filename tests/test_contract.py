@@ -74,3 +74,13 @@ def test_fork_of_a_non_treegym_env_is_a_clear_error():
     env = gym.make("CartPole-v1")
     with pytest.raises(TypeError, match="not a treegym env"):
         treegym.fork(env)
+
+
+def test_fork_continues_the_parent_rng_stream_independently():
+    env = ToyEnv()
+    env.reset(seed=0)
+    child = env.fork()
+    parent_draws = [env.reset()[0] for _ in range(3)]
+    child_draws = [child.reset()[0] for _ in range(3)]
+    assert parent_draws == child_draws
+    assert len(set(parent_draws)) > 1
