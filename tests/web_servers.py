@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -23,6 +24,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients here hang up on purpose (timeouts, size caps); only real errors are printed.
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class FaultServer:
