@@ -92,7 +92,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         self._task: Task | None = None
         # The admissible actions of the last state seen: (state, command -> action). Read-only
         # once built, so forks may share it.
-        self._acts: tuple[State, dict[str, Action]] | None = None
+        self._acts: tuple[State, dict[str, Action], tuple[str, ...]] | None = None
 
     @staticmethod
     def _check_types(task_types: Sequence[str] | None) -> tuple[str, ...]:
@@ -114,16 +114,18 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
             self._task = make_task(self.state.task_id)
         return self._task
 
-    def _actions(self, game: State) -> dict[str, Action]:
+    def _actions(self, game: State) -> tuple[dict[str, Action], tuple[str, ...]]:
+        """The admissible commands of ``game``: command -> action, and the sorted commands."""
         if self._acts is None or self._acts[0] is not game:
-            self._acts = (game, actions(self.task().world, game))
-        return self._acts[1]
+            acts = actions(self.task().world, game)
+            self._acts = (game, acts, tuple(sorted(acts)))
+        return self._acts[1], self._acts[2]
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         s = self.state
         task = self.task()
         return {
-            "admissible_commands": sorted(self._actions(s.game)),
+            "admissible_commands": list(self._actions(s.game)[1]),
             "won": s.won,
             "task_id": s.task_id,
             "task_type": task.task_type,
@@ -158,12 +160,13 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         if s is None:
             raise RuntimeError("call reset() first")
         world = self.task().world
-        action = self._actions(s.game).get(cmd)
+        action = self._actions(s.game)[0].get(cmd)
         if action is None:
             game, obs = s.game, NOTHING
         else:
             game, obs = apply(world, s.game, action)
-        won = s.won or goal_met(world, game)
+        # Only a change of state can achieve the goal; look, examine and the like cannot.
+        won = s.won or (game is not s.game and goal_met(world, game))
         reward = 1.0 if won and not s.won else 0.0
         self.state = HouseholdState(s.task_id, game, s.steps + 1, won)
         truncated = not won and self.state.steps >= self.max_steps

@@ -12,9 +12,9 @@ its grammar (``alfred.twl2``): ``actions`` lists exactly what that domain admits
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from treegym.envs.household.catalogue import LIGHTS, SHARP
+from treegym.envs.household.catalogue import SHARP
 
 MIDDLE = -1  # the agent's start: the middle of the room, at no receptacle
 HELD = -2  # object location code: in the agent's hands
@@ -62,10 +62,14 @@ class World:
     goal: Goal
 
     def __post_init__(self) -> None:
+        # Derived, read-only lookups that keep a step cheap.
         object.__setattr__(self, "goto", tuple(f"go to {r.name}" for r in self.receptacles))
+        object.__setattr__(self, "goal_items", tuple(i for i, it in enumerate(self.items) if it.kind == self.goal.obj))
+        object.__setattr__(self, "goal_recs", frozenset(r for r, rec in enumerate(self.receptacles) if rec.kind == self.goal.target))
+        object.__setattr__(self, "lamps", tuple(i for i, it in enumerate(self.items) if it.kind == self.goal.target))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class State:
     """One moment of an episode. Never mutated: each command builds a new one."""
 
@@ -85,6 +89,13 @@ class State:
             return self.where.index(HELD)
         except ValueError:
             return -1
+
+
+def _with(state: State, **changes: object) -> State:
+    """A copy of ``state`` with some fields changed (faster than ``dataclasses.replace``)."""
+    fields = {name: getattr(state, name) for name in State.__slots__}
+    fields.update(changes)
+    return State(**fields)  # type: ignore[arg-type]
 
 
 # An action: (verb, item index or -1, receptacle or second item index or -1).
@@ -229,7 +240,7 @@ def apply(world: World, state: State, action: Action) -> tuple[State, str]:
     verb, i, r = action
     items, recs = world.items, world.receptacles
     if verb == "goto":
-        state = replace(state, loc=r)
+        state = State(r, state.where, state.opened, state.clean, state.hot, state.cool, state.toggled, state.sliced)
         return state, f"You arrive at {recs[r].name}. {describe_receptacle(world, state, r)}"
     if verb == "look":
         return state, look_text(world, state)
@@ -245,53 +256,49 @@ def apply(world: World, state: State, action: Action) -> tuple[State, str]:
     if verb == "examine_item":
         return state, describe_item(world, state, i)
     if verb == "open":
-        state = replace(state, opened=state.opened | {r})
+        state = _with(state, opened=state.opened | {r})
         return state, f"You open the {recs[r].name}. {describe_receptacle(world, state, r)}"
     if verb == "close":
-        return replace(state, opened=state.opened - {r}), f"You close the {recs[r].name}."
+        return _with(state, opened=state.opened - {r}), f"You close the {recs[r].name}."
     if verb == "take":
         where = state.where[:i] + (HELD,) + state.where[i + 1 :]
-        return replace(state, where=where), f"You pick up the {items[i].name} from the {recs[r].name}."
+        return _with(state, where=where), f"You pick up the {items[i].name} from the {recs[r].name}."
     if verb == "move":
         where = state.where[:i] + (r,) + state.where[i + 1 :]
-        return replace(state, where=where), f"You move the {items[i].name} to the {recs[r].name}."
+        return _with(state, where=where), f"You move the {items[i].name} to the {recs[r].name}."
     if verb == "use":
-        return replace(state, toggled=state.toggled | {i}), f"You turn on the {items[i].name}."
+        return _with(state, toggled=state.toggled | {i}), f"You turn on the {items[i].name}."
     if verb == "clean":
-        return replace(state, clean=state.clean | {i}), f"You clean the {items[i].name} using the {recs[r].name}."
+        return _with(state, clean=state.clean | {i}), f"You clean the {items[i].name} using the {recs[r].name}."
     if verb == "heat":
-        state = replace(state, hot=state.hot | {i}, cool=state.cool - {i})
+        state = _with(state, hot=state.hot | {i}, cool=state.cool - {i})
         return state, f"You heat the {items[i].name} using the {recs[r].name}."
     if verb == "cool":
-        state = replace(state, cool=state.cool | {i}, hot=state.hot - {i})
+        state = _with(state, cool=state.cool | {i}, hot=state.hot - {i})
         return state, f"You cool the {items[i].name} using the {recs[r].name}."
     if verb == "slice":
-        return replace(state, sliced=state.sliced | {i}), f"You sliced the {items[i].name} with the {items[r].name}."
+        return _with(state, sliced=state.sliced | {i}), f"You sliced the {items[i].name} with the {items[r].name}."
     raise ValueError(f"unknown action verb {verb!r}")
 
 
 def goal_met(world: World, state: State) -> bool:
     """ALFWorld's goal formula for the world's task type, evaluated on ``state``."""
     g = world.goal
-    items, recs = world.items, world.receptacles
+    where = state.where
     if g.task_type == "look_at_obj_in_light":
         held = state.held
-        if held < 0 or items[held].kind != g.obj or state.loc == MIDDLE:
+        if held < 0 or world.items[held].kind != g.obj or state.loc == MIDDLE:
             return False
-        return any(
-            items[i].kind == g.target and i in state.toggled for i in contents(state, state.loc) if items[i].kind in LIGHTS
-        )
+        return any(where[i] == state.loc and i in state.toggled for i in world.lamps)
     need = {
         "pick_clean_then_place_in_recep": state.clean,
         "pick_heat_then_place_in_recep": state.hot,
         "pick_cool_then_place_in_recep": state.cool,
     }.get(g.task_type)
     count: dict[int, int] = {}
-    for i, w in enumerate(state.where):
-        if w < 0 or items[i].kind != g.obj or recs[w].kind != g.target:
-            continue
-        if need is not None and i not in need:
-            continue
-        count[w] = count.get(w, 0) + 1
+    for i in world.goal_items:
+        w = where[i]
+        if w in world.goal_recs and (need is None or i in need):
+            count[w] = count.get(w, 0) + 1
     want = 2 if g.task_type == "pick_two_obj_and_place" else 1
     return any(c >= want for c in count.values())
