@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -42,6 +43,7 @@ class Manifest:
     params: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     created: str = ""
+    build_seconds: float | None = None  # wall time of the build that wrote this folder
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"bytes", "sha256"}
 
     def to_json(self) -> str:
@@ -107,6 +109,7 @@ def write_index(
     with _build_lock(folder):
         if folder.exists() and not force:
             return read_manifest(folder)
+        started = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
         try:
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any folder
@@ -120,6 +123,7 @@ def write_index(
                 **{
                     **asdict(manifest),
                     "params": {**manifest.params, **extra},
+                    "build_seconds": round(time.perf_counter() - started, 2),
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "files": files,
                 }
