@@ -50,6 +50,8 @@ class Site:
         self._bm25s = bm25s
         self.index = self._load_or_build(bm25s)
         self._lock = threading.Lock()  # bm25s keeps scratch state; one search at a time
+        # Pages never change, so the server renders each once (a dict: GIL-atomic get/set).
+        self._pages: dict[str, str] = {}
 
     def _load_or_build(self, bm25s: Any) -> Any:
         # Indexing the whole built-in corpus takes seconds; the index is kept in the cache
@@ -121,6 +123,12 @@ class Site:
 
     def article(self, title: str) -> str:
         """The HTML page of one title (all its passages), with the usual site chrome around it."""
+        page = self._pages.get(title)
+        if page is None:
+            page = self._pages[title] = self._render(title)
+        return page
+
+    def _render(self, title: str) -> str:
         docs = self.by_title[title]
         doc = docs[0]
         title = html.escape(title)
