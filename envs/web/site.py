@@ -24,6 +24,7 @@ from treegym.retrieval_index.corpus import Document, corpus_hash, read_jsonl, wi
 MAX_LINKS_PER_PAGE = 40
 MIN_DOCS_TO_CACHE = 2000  # smaller corpora index in well under a second
 MAX_TITLE_WORDS = 6
+MAX_CACHED_PAGES = 20_000
 _WORD = re.compile(r"[\w][\w'’.\-]*")
 
 
@@ -125,7 +126,9 @@ class Site:
         """The HTML page of one title (all its passages), with the usual site chrome around it."""
         page = self._pages.get(title)
         if page is None:
-            page = self._pages[title] = self._render(title)
+            page = self._render(title)
+            if len(self._pages) < MAX_CACHED_PAGES:  # bounded: a synthetic world may have 1M titles
+                self._pages[title] = page
         return page
 
     def _render(self, title: str) -> str:
