@@ -109,6 +109,9 @@ def write_index(
     with _build_lock(folder):
         if folder.exists() and not force:
             return read_manifest(folder)
+        # Leftovers of a build that was killed outright; we hold the lock, so none is live.
+        for stale in [*folder.parent.glob(f".{folder.name}.tmp-*"), *folder.parent.glob(f".{folder.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         started = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
         try:

@@ -136,6 +136,17 @@ def test_an_interrupted_build_leaves_no_index_folder(monkeypatch, tmp_path):
     assert read_manifest(folder).count == 12 and (folder / "index.faiss").is_file()
 
 
+def test_a_build_clears_the_leftovers_of_a_killed_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("TREEGYM_HOME", str(tmp_path))
+    small = load_corpus("wiki", 30)
+    folder = build.index_folder(small.label, small.hash, "bm25")
+    stale = folder.parent / f".{folder.name}.tmp-killed"
+    stale.mkdir(parents=True)
+    (stale / "data.csc.index.npy").write_bytes(b"half")
+    ensure_index(small, "bm25", progress=False)
+    assert not stale.exists() and read_manifest(folder).count == 30
+
+
 def test_force_rebuilds_in_place_and_keeps_a_readable_index(monkeypatch, tmp_path):
     monkeypatch.setenv("TREEGYM_HOME", str(tmp_path))
     small = load_corpus("wiki", 30)
