@@ -48,7 +48,7 @@ def main() -> None:
             env.step(a)
         fork_us = _median_us(env.fork, args.repeats)
         memo_base = {id(env.retriever): env.retriever, id(env.tools): env.tools}
-        deep_us = _median_us(lambda: copy.deepcopy(env.__dict__, dict(memo_base)), max(20, args.repeats // 50))
+        deep_us = _median_us(lambda memo=memo_base: copy.deepcopy(env.__dict__, dict(memo)), max(20, args.repeats // 50))
 
         def replay(actions=actions):
             e = env.fork()
