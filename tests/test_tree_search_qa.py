@@ -202,3 +202,12 @@ def test_play_reads_turns_and_supports_snapshot_restore(env):
     assert finished == 1
     assert "[snapshot 0 saved]" in text and "[restored snapshot 0]" in text and "turn 0/" in text
     assert "<information>" in text and "episode terminated" in text
+
+
+def test_synthetic_world_serves_questions_of_the_asked_hop_count():
+    e = gym.make("TreeSearchQA-v0", corpus="synthetic", hops=3, index="bm25", split="dev")
+    assert {it.hops for it in e.unwrapped.items} == {3}
+    _, info = e.reset(seed=0)
+    assert len(info["supporting_ids"]) >= 3 and all(info["supporting_titles"])
+    obs, *_ = e.step(f"<search>{info['supporting_titles'][0]}</search>")
+    assert f"(Title: {info['supporting_titles'][0]})" in obs
