@@ -1,8 +1,9 @@
 """A tiny forkable task and a tiny random transformer, for trainer tests that must show learning.
 
-The task (``TinyKeysEnv``): two turns; a turn is correct when its first word is the key for
-that turn ("A", then "B"). Each correct turn earns 0.5; the observation after turn one says
-"ok" or "no". A random policy over the 11-token vocabulary scores about 0.09 per episode.
+The task (``TinyKeysEnv``): ``max_turns`` turns (2 by default, up to 4); a turn is correct
+when its first word is the key for that turn ("A", "B", "C", "D" in order). Each correct turn
+earns 1/max_turns; the observation after a turn says "ok" or "no". A random policy over the
+11-token vocabulary scores about 0.09 per episode, and solves it (``em``) far more rarely.
 
 The model: a 1-layer Llama with hidden size 32 over an 11-word vocabulary, randomly
 initialised and saved as a local HF folder (config, safetensors, tokenizer.json), so the
@@ -19,7 +20,7 @@ from typing import Any
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
 
 VOCAB = ["[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "ok", "no", "go"]
-KEYS = ("A", "B")
+KEYS = ("A", "B", "C", "D")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class KeysState:
 
 
 class TinyKeysEnv(ForkableEnv[KeysState]):
-    """Say "A", then "B". Reward 0.5 per correct turn; two turns; ``em`` = both correct."""
+    """Say "A", then "B" (then "C", "D"). Reward 1/max_turns per correct turn; ``em`` = all correct."""
 
     def __init__(self, max_turns: int = 2) -> None:
         super().__init__(max_obs_chars=16, max_action_chars=4096)
@@ -52,7 +53,7 @@ class TinyKeysEnv(ForkableEnv[KeysState]):
         info: dict[str, Any] = {"turn": s.turn, "invalid_action": not words}
         if done:
             info["em"] = float(s.correct == self.max_turns)
-        return ("" if done else ("ok" if hit else "no")), 0.5 * hit, done, False, info
+        return ("" if done else ("ok" if hit else "no")), hit / self.max_turns, done, False, info
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:

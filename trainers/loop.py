@@ -144,7 +144,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
     n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
     n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
     last_batch: RolloutBatch | None = None
-    while state.step < cfg.steps:
+    while state.step < cfg.steps and not _budget_spent(cfg, state):
         t0 = time.time()
         # 1. prompts: this process's slice of the global stream
         start = state.data_position + dist.rank * cfg.prompts_per_step
@@ -264,8 +264,13 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                         tokens=state.tokens_total)
         last_batch = batch
 
-        # 7. checkpoint (every process contributes its RNG stream)
-        if (cfg.run.save_every and state.step % cfg.run.save_every == 0) or state.step == cfg.steps:
+        # 7. held-out EM now and then; checkpoint (every process contributes its RNG stream)
+        finished = state.step >= cfg.steps or _budget_spent(cfg, state)
+        if cfg.run.eval_every and state.step % cfg.run.eval_every == 0 and not finished:
+            em = evaluate()
+            if log is not None and em is not None:
+                log.log(state.step, {"eval_em": em, "tokens_total": state.tokens_total})
+        if (cfg.run.save_every and state.step % cfg.run.save_every == 0) or finished:
             rngs = rt.gather_objects(rng_state(generators), dist)
             if dist.main:
                 save_checkpoint(folder / "checkpoints", model, optimizer, state, rngs)
@@ -296,6 +301,10 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
 
 
 # ---- helpers (pure or local) ------------------------------------------------------------------
+
+
+def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
+    return bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget
 
 
 def _em(r: Rollout) -> float:
