@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "treegym.envs.web.cli",
     "treegym.trainers.cli",
     "treegym.agents.cli_eval",
+    "treegym.agents.cli_serve",
 ]
 
 
