@@ -57,19 +57,32 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget),
     ``render_mode`` (None or "ansi": ``render()`` returns the ``look`` text).
 
-    **Differences from ALFWorld's TextWorld engine** (checked step by step by the differential
-    test in ``tests/test_household_alfworld.py``, which plays exported tasks on the real engine):
+    **Agreement with ALFWorld's TextWorld engine.** ``tests/test_household_alfworld.py`` exports
+    tasks as PDDL problems for ALFWorld's own domain and grammar, plays the expert (with probes:
+    look, inventory, examine, close/open, a non-admissible command) on both engines, and checks
+    at every step that the admissible commands and the won flag are equal and the observations
+    carry the same facts. Behaviours of the real engine kept on purpose, because the test
+    found them there: ``go to`` the receptacle the agent stands at is not admissible; ``examine``
+    works on receptacles and on the held object but not on objects lying in a receptacle (the
+    domain's disjunctive precondition is never met under Fast Downward); ``look`` in the middle
+    of the room lists nothing, while the intro lists every receptacle; ``use`` a desk lamp always
+    says "You turn on".
 
-    - Rooms are generated, not AI2-THOR floor plans: receptacles and objects keep ALFWorld's
-      names, and every receptacle has its own location, as in ALFWorld; there are no floor
-      lamps (light tasks use desk lamps) and no sliced-object task variants.
-    - Lists in observations (what is in a receptacle, what is in the room) are in catalogue
-      order; TextWorld orders them by its fact store, so the test compares them as sets.
-    - Receptacle objects (mug, bowl, ...) never hold other objects, since ALFWorld's domain has
-      the actions that would fill them commented out.
-    - ``put X in/on Y`` is accepted as a synonym of ``move X to Y``, and commands are matched
-      case- and whitespace-insensitively; the real engine admits only the exact string.
-    - A step after the episode ended is still applied (the real gym wrapper stops the game).
+    **Differences** (fixed by design, with the reason):
+
+    - Rooms are generated, not AI2-THOR floor plans (those need ALFWorld's download): the
+      receptacles and objects keep ALFWorld's names and properties, and every receptacle has its
+      own location, as in ALFWorld. Light tasks use desk lamps only (no floor lamps), and there
+      are no sliced-object or movable-receptacle task variants (not among the six task types).
+    - Lists in observations are in catalogue order; TextWorld orders them by its fact store, so
+      the test compares them as sets.
+    - Receptacle objects (mug, bowl, ...) never hold other objects: ALFWorld's domain has the
+      actions that would fill them commented out.
+    - ``put X in/on Y`` is accepted as ``move X to Y``, and commands match case- and
+      whitespace-insensitively with a trailing period ignored; the real engine wants the exact
+      string. Goal sentences use ALFWorld's templates only (no human annotations).
+    - A step after success is still applied and the episode stays won; ALFWorld's gym wrapper
+      stops the game instead.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -145,7 +158,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         self._task = task
         self.state = HouseholdState(task.task_id, task.initial)
         intro = (
-            f"-= Welcome to TextWorld, ALFRED! =-\n\n{look_text(task.world, task.initial)}\n\n"
+            f"-= Welcome to TextWorld, ALFRED! =-\n\n{look_text(task.world, task.initial, intro=True)}\n\n"
             f"Your task is to: {task.description}."
         )
         return self.state, opening_prompt(intro), self._info(False)
@@ -175,4 +188,4 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     def render(self) -> str:
         if self.state is None:
             return ""
-        return look_text(self.task().world, self.state.game)
+        return look_text(self.task().world, self.state.game, intro=True)

@@ -182,16 +182,20 @@ def describe_item(world: World, state: State, i: int) -> str:
     return f"There's nothing special about {name}."
 
 
-def look_text(world: World, state: State) -> str:
+def look_text(world: World, state: State, intro: bool = False) -> str:
+    """What ``look`` says. In the middle of the room ALFWorld lists every receptacle in the intro
+    but nothing on a later ``look`` (its grammar then binds the location to the agent's, which
+    holds no receptacle); both are kept."""
     if state.loc == MIDDLE:
-        seen = list_text([r.name for r in world.receptacles])
+        seen = list_text([r.name for r in world.receptacles]) if intro else "nothing"
         return f"You are in the middle of a room. Looking quickly around you, you see {seen}."
     return f"You are facing the {world.receptacles[state.loc].name}. Next to it, you see nothing."
 
 
 def actions(world: World, state: State) -> dict[str, Action]:
     """Every admissible command in ``state`` -> the action it performs (ALFWorld's admissible set)."""
-    acts: dict[str, Action] = {cmd: ("goto", -1, r) for r, cmd in enumerate(world.goto)}
+    # ALFWorld does not admit going to the receptacle the agent is already at.
+    acts: dict[str, Action] = {cmd: ("goto", -1, r) for r, cmd in enumerate(world.goto) if r != state.loc}
     acts["look"] = ("look", -1, -1)
     acts["inventory"] = ("inventory", -1, -1)
     acts["help"] = ("help", -1, -1)
@@ -214,10 +218,8 @@ def actions(world: World, state: State) -> dict[str, Action]:
     held_sharp = held >= 0 and items[held].kind in SHARP
     for i in here:
         it = items[i]
-        if open_:
-            if held < 0 and it.pickupable:
-                acts[f"take {it.name} from {rec.name}"] = ("take", i, r)
-            acts[f"examine {it.name}"] = ("examine_item", i, -1)
+        if open_ and held < 0 and it.pickupable:
+            acts[f"take {it.name} from {rec.name}"] = ("take", i, r)
         if it.toggleable:
             acts[f"use {it.name}"] = ("use", i, r)
         if held_sharp and it.sliceable:
