@@ -44,6 +44,20 @@ def add_synth(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_synth)
 
+    oracle = actions.add_parser(
+        "synth-oracle",
+        help="answer a synthetic world's questions by following their chains through real searches",
+        description="Run the chain-following oracle over a synthetic world's questions with each given "
+        "retriever and print exact match per hop count and per family. The oracle reads only the "
+        "question text and the retrieved passages, never the gold supporting ids.",
+    )
+    oracle.add_argument("--world", type=Path, required=True, metavar="DIR", help="a folder from `treegym data synth`")
+    oracle.add_argument("--index", nargs="+", default=["bm25", "hybrid"], metavar="TYPE",
+                        help="retrievers to try: flat, hnsw, ivfpq, bm25, hybrid (default: bm25 hybrid)")
+    oracle.add_argument("-k", type=int, default=3, help="passages per search (default: 3)")
+    oracle.add_argument("--split", default="all", help="train, dev, test or all (default: all)")
+    oracle.set_defaults(func=run_oracle)
+
     lst = actions.add_parser("synth-templates", help="list the synthetic question templates",
                              description="Print every synthetic question template id and its pattern.")
     lst.set_defaults(func=run_list_templates)
@@ -61,6 +75,20 @@ def run_synth(args: argparse.Namespace) -> int:
     print(f"  splits: {manifest.splits}  hops: {manifest.by_hops}")
     print(f"  validation: {v['retriever']} at k={v['k']}, dropped {v['dropped']} of {v['generated']}")
     print(f"next: treegym index build --corpus {args.out / 'corpus.jsonl'}")
+    return 0
+
+
+def run_oracle(args: argparse.Namespace) -> int:
+    from treegym.retrieval_index import open_retriever
+    from treegym.retrieval_index.synthetic.api import SyntheticWorld
+    from treegym.retrieval_index.synthetic.oracle import evaluate_oracle
+
+    world = SyntheticWorld(args.world)
+    world.manifest  # noqa: B018 - a clear error if DIR is not a synthetic world
+    items = world.questions(args.split)
+    for kind in args.index:
+        retriever = open_retriever(str(world.corpus_path), kind)
+        print(evaluate_oracle(retriever, items, k=args.k, name=kind).table())
     return 0
 
 

@@ -81,12 +81,20 @@ class _AtomicWriter:
 
     def commit(self) -> str:
         self.file.close()
-        os.replace(self.tmp, self.path)
+        _publish(self.tmp, self.path)
         return self.sha.hexdigest()
 
     def abort(self) -> None:
         self.file.close()
         Path(self.tmp).unlink(missing_ok=True)
+
+
+def _publish(tmp: str, path: Path) -> None:
+    """Rename into place with ordinary file permissions (mkstemp makes files owner-only)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, path)
 
 
 def _progress(total: int, desc: str, enabled: bool):  # noqa: ANN202 - a tqdm bar
@@ -210,7 +218,7 @@ def write_world(
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{MANIFEST_FILE}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(manifest.to_json())
-    os.replace(tmp, folder / MANIFEST_FILE)
+    _publish(tmp, folder / MANIFEST_FILE)
     return manifest
 
 
