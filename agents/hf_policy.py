@@ -85,6 +85,7 @@ class HFPolicy:
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") != "eager"
+        self._weights_version = self._current_weights_version()
 
     @classmethod
     def from_pretrained(cls, spec: str = "smollm2", device: str | None = None, **kwargs: Any) -> HFPolicy:
@@ -95,8 +96,13 @@ class HFPolicy:
         return cls(model, tokenizer, **kwargs)
 
     def clear_cache(self) -> None:
-        """Forget every stored prefix (call after the weights change: old KV is stale)."""
+        """Forget every stored prefix. ``generate`` does it by itself when the weights change."""
         self.prefix_cache.clear()
+
+    def _current_weights_version(self) -> int:
+        # Every in-place update (optimizer step, load_state_dict) bumps a tensor's version
+        # counter, so their sum tells cheaply whether stored KV came from other weights.
+        return sum(p._version for p in self.model.parameters())
 
     # -- public API -------------------------------------------------------------------------
 
@@ -114,6 +120,10 @@ class HFPolicy:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         out: list[Generation] = []
         with self._lock, torch.inference_mode():
+            version = self._current_weights_version()
+            if version != self._weights_version:
+                self.prefix_cache.clear()
+                self._weights_version = version
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start : start + self.max_batch_size]
                 if self.reuse_prefix:
@@ -134,13 +144,17 @@ class HFPolicy:
         while pending:
             # One level at a time, so that a longer branch point reuses the shorter one below it.
             level = [p for p in pending if not any(q != p and p[: len(q)] == q for q in pending)]
-            batch = self._prefill([list(p) for p in level], [len(p) for p in level])
+            batch = self._prefill([list(p) for p in level], [len(p) for p in level], count_reuse=False)
             for row, p in enumerate(level):
                 self.prefix_cache.insert(p, self._row_kv(batch, row))
             pending = [p for p in pending if p not in level]
 
-    def _prefill(self, seqs: list[list[int]], reuse_limits: list[int]) -> _Batch:
-        """Run each sequence's uncached suffix, batched; reuse at most ``reuse_limits[i]`` tokens."""
+    def _prefill(self, seqs: list[list[int]], reuse_limits: list[int], count_reuse: bool = True) -> _Batch:
+        """Run each sequence's uncached suffix, batched; reuse at most ``reuse_limits[i]`` tokens.
+
+        ``stats.reused_tokens`` counts context tokens only (``count_reuse``), so that for the
+        contexts of a call, prefill + reused = context tokens + branch-point tokens computed.
+        """
         found: list[tuple[int, LayerKV | None]] = [
             self.prefix_cache.lookup(s, limit) if self.reuse_prefix else (0, None)
             for s, limit in zip(seqs, reuse_limits)
@@ -163,7 +177,8 @@ class HFPolicy:
         key_valid = torch.cat([past_valid, new_valid], dim=1).to(self.device)
         logits = self._forward(ids.to(self.device), positions.to(self.device), key_valid, cache, past_len)
         self.stats.prefill_tokens += sum(len(s) - n for s, n in zip(seqs, reused))
-        self.stats.reused_tokens += sum(reused)
+        if count_reuse:
+            self.stats.reused_tokens += sum(reused)
         next_pos = torch.tensor([len(s) for s in seqs], device=self.device)
         return _Batch(cache, key_valid, next_pos, logits)
 

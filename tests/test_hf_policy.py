@@ -165,3 +165,17 @@ def test_prefix_cache_evicts_least_recently_used_past_its_budget():
     for first in (1, 2, 3):
         cache.insert([first] * 10, kv)
     assert len(cache) == 2 and cache.lookup([1] * 10)[0] == 0 and cache.lookup([3] * 10)[0] == 10
+
+
+def test_stored_prefixes_are_dropped_when_the_weights_change(smollm2, tree_contexts):
+    model, tok = smollm2
+    policy = HFPolicy(model, tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, stop=())
+    policy.generate(tree_contexts[-1:], params)
+    policy.generate(tree_contexts[-1:], params)
+    reused = policy.stats.reused_tokens
+    assert reused > 0
+    with torch.no_grad():
+        next(model.parameters()).mul_(1.0)  # an in-place update, as an optimizer step makes
+    policy.generate(tree_contexts[-1:], params)
+    assert policy.stats.reused_tokens == reused
