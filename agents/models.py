@@ -81,6 +81,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any other
         if target.exists():  # a half-written folder from an older, interrupted layout
             shutil.rmtree(target)
         os.replace(tmp, target)

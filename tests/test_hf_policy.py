@@ -179,3 +179,13 @@ def test_stored_prefixes_are_dropped_when_the_weights_change(smollm2, tree_conte
         next(model.parameters()).mul_(1.0)  # an in-place update, as an optimizer step makes
     policy.generate(tree_contexts[-1:], params)
     assert policy.stats.reused_tokens == reused
+
+
+def test_chat_observation_closes_the_turn_and_opens_the_next_assistant_turn(smollm2):
+    _, tok = smollm2
+    obs = "<information>Paris</information>"
+    cut = tok.decode(chat_observation_ids(tok, obs, assistant_closed=False))
+    closed = tok.decode(chat_observation_ids(tok, obs, assistant_closed=True))
+    assert cut == "<|im_end|>\n<|im_start|>user\n" + obs + "<|im_end|>\n<|im_start|>assistant\n"
+    assert closed == cut[len("<|im_end|>") :]
+    assert tok.decode(text_ids(tok, obs)) == obs  # raw mode: inlined as is
