@@ -129,10 +129,15 @@ def fork_latency(task_id: str, with_real: bool, reps: int) -> list[tuple[str, fl
                 real.reset()
                 for c in cmds:
                     real.step(c)
-                results[("copy (TextWorld)", k)] = _median_us(lambda r=real: copy.deepcopy(r.env), 3)
-            except Exception as exc:  # TextWorld's PDDL env keeps a ctypes planner handle
+                results[("copy (TextWorld)", k)] = _median_us(lambda r=real: r.env.copy(), 3)
+            except Exception as exc:  # PddlEnv keeps its state inside Fast Downward's C library
                 results[("copy (TextWorld)", k)] = float("nan")
-                print(f"  TextWorld copy after {k} steps: not possible ({type(exc).__name__}: {str(exc)[:80]})")
+                print(f"  TextWorld env.copy() after {k} steps: not possible ({type(exc).__name__}: {str(exc)[:80]})")
+            try:
+                copy.deepcopy(real.env)
+                print("  copy.deepcopy of the TextWorld env succeeded, but Fast Downward's C state stays shared")
+            except Exception as exc:
+                print(f"  copy.deepcopy of the TextWorld env after {k} steps: not possible ({type(exc).__name__})")
     for name in ("fork", "snapshot+restore", "replay (ours)", "replay (TextWorld)", "copy (TextWorld)"):
         if (name, 1) in results:
             rows.append((name, results[(name, 1)], results[(name, 50)]))
