@@ -1,6 +1,6 @@
 """TextHousehold-v0 against ALFWorld's real engine: expert steps per second, and fork latency.
 
-Run: ``python benchmarks/bench_household.py [--tasks 60] [--real-tasks 12]``.
+Run: ``python benchmarks/bench_household.py [--tasks 60] [--real-tasks 12] [--all-tasks]``.
 
 1. The expert walkthrough of the same tasks on our engine and on ALFWorld's TextWorld engine
    (our PDDL export on ALFWorld's domain; needs the ``household`` extra). Steps per second
@@ -8,6 +8,7 @@ Run: ``python benchmarks/bench_household.py [--tasks 60] [--real-tasks 12]``.
 2. Fork latency after 1 and 50 steps (median, µs): ``env.fork()``, snapshot+restore, against
    replaying the actions from a reset on our engine and on TextWorld (whose ``copy()`` is not
    implemented for PDDL games; that is reported too).
+3. With ``--all-tasks``: the expert's win rate on every task of every split (must be 100%).
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ def _long_episode(task_id: str, n: int) -> list[str]:
     return cmds[:n]
 
 
-def fork_latency(task_id: str, with_real: bool, reps: int) -> list[tuple[str, float, float]]:
-    rows = []
+def fork_latency(task_id: str, with_real: bool, reps: int) -> tuple[list[tuple[str, float, float]], list[str]]:
+    """Rows (method, µs after 1 step, µs after 50 steps), and notes on what could not be measured."""
+    rows, notes = [], []
     results: dict[tuple[str, int], float] = {}
     for k in (1, 50):
         cmds = _long_episode(task_id, k)
@@ -132,16 +134,33 @@ def fork_latency(task_id: str, with_real: bool, reps: int) -> list[tuple[str, fl
                 results[("copy (TextWorld)", k)] = _median_us(lambda r=real: r.env.copy(), 3)
             except Exception as exc:  # PddlEnv keeps its state inside Fast Downward's C library
                 results[("copy (TextWorld)", k)] = float("nan")
-                print(f"  TextWorld env.copy() after {k} steps: not possible ({type(exc).__name__}: {str(exc)[:80]})")
+                notes.append(f"TextWorld env.copy() after {k} steps: not possible ({type(exc).__name__})")
             try:
                 copy.deepcopy(real.env)
-                print("  copy.deepcopy of the TextWorld env succeeded, but Fast Downward's C state stays shared")
+                notes.append("copy.deepcopy of the TextWorld env succeeded, but Fast Downward's C state stays shared")
             except Exception as exc:
-                print(f"  copy.deepcopy of the TextWorld env after {k} steps: not possible ({type(exc).__name__})")
+                notes.append(f"copy.deepcopy of the TextWorld env after {k} steps: not possible ({type(exc).__name__}: {str(exc)[:60]})")
     for name in ("fork", "snapshot+restore", "replay (ours)", "replay (TextWorld)", "copy (TextWorld)"):
         if (name, 1) in results:
             rows.append((name, results[(name, 1)], results[(name, 50)]))
-    return rows
+    return rows, notes
+
+
+def sweep() -> None:
+    """Play the expert on every task of every split; print the win rate."""
+    from tqdm import tqdm
+
+    for split in ("train", "seen", "unseen"):
+        env = TextHouseholdEnv(split=split)
+        ids = task_ids(split)
+        wins = 0
+        for t in tqdm(ids, desc=f"expert on {split}", leave=False):
+            env.reset(options={"task_id": t})
+            info: dict = {}
+            for cmd in walkthrough(make_task(t)):
+                info = env.step(cmd)[4]
+            wins += bool(info.get("won"))
+        print(f"expert wins {wins}/{len(ids)} tasks of {split} ({100 * wins / len(ids):.1f}%)")
 
 
 def main() -> None:
@@ -149,6 +168,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=60, help="tasks for our engine's expert throughput")
     parser.add_argument("--real-tasks", type=int, default=12, help="tasks played on the real ALFWorld engine (0: skip)")
     parser.add_argument("--fork-reps", type=int, default=2000, help="repetitions per fork latency figure")
+    parser.add_argument("--all-tasks", action="store_true", help="also play the expert on every task of every split")
     args = parser.parse_args()
     try:
         import alfworld  # noqa: F401
@@ -172,13 +192,21 @@ def main() -> None:
 
     print(f"\nfork latency, task {tids[0]} (median, µs)")
     print(f"  {'method':<22}{'after 1 step':>14}{'after 50 steps':>16}")
-    rows = fork_latency(tids[0], have_real, args.fork_reps)
+    rows, notes = fork_latency(tids[0], have_real, args.fork_reps)
     for name, a, b in rows:
-        print(f"  {name:<22}{a:>14,.1f}{b:>16,.1f}")
+        if a == a:  # NaN: not measurable
+            print(f"  {name:<22}{a:>14,.1f}{b:>16,.1f}")
+        else:
+            print(f"  {name:<22}{'n/a':>14}{'n/a':>16}")
     fork = dict((name, (a, b)) for name, a, b in rows)["fork"]
     for name, a, b in rows:
         if name != "fork" and a == a:
             print(f"  {name} / fork: {a / fork[0]:,.0f}x after 1, {b / fork[1]:,.0f}x after 50")
+    for note in dict.fromkeys(notes):
+        print(f"  note: {note}")
+    if args.all_tasks:
+        print()
+        sweep()
 
 
 if __name__ == "__main__":
