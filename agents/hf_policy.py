@@ -113,6 +113,13 @@ class HFPolicy:
             raise ConfigError("every context needs at least one token")
         if params.max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be at least 1")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max((len(r) for r in rows), default=0)
+        if limit and longest + params.max_new_tokens > limit:
+            raise ConfigError(
+                f"a context of {longest} tokens plus max_new_tokens={params.max_new_tokens} passes the "
+                f"model's {limit} positions; shorten the episode (max_turns, topk) or max_new_tokens"
+            )
         if not 0.0 < params.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {params.top_p}")
         generator = self._generator

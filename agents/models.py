@@ -82,7 +82,10 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any other
-        if target.exists():  # a half-written folder from an older, interrupted layout
+        if _is_complete(target):  # another process converted it meanwhile; keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        if target.exists():  # a half-written folder left by an interrupted older layout
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:

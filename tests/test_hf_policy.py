@@ -121,6 +121,11 @@ def test_empty_context_is_a_config_error(smollm2):
         HFPolicy(*smollm2).generate([[]], GREEDY)
 
 
+def test_context_longer_than_the_model_positions_is_a_config_error(smollm2):
+    with pytest.raises(ConfigError, match="positions"):
+        HFPolicy(*smollm2).generate([[1] * 9000], GREEDY)
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(top_p_filter(logp, 0.8))[0].tolist()
