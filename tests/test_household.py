@@ -240,3 +240,22 @@ def test_oracle_continues_correctly_from_a_fork():
         if term:
             break
     assert info["won"] and env.state.steps == 2
+
+
+def test_heuristic_parses_every_goal_template():
+    from treegym.envs.household.heuristic import parse_goal
+
+    for tid in _sample("seen", 2):
+        task = make_task(tid)
+        g = task.world.goal
+        assert parse_goal(f"...\n\nYour task is to: {task.description}.") == (g.task_type, g.obj, g.target)
+
+
+def test_heuristic_agent_solves_most_tasks_from_the_text_alone():
+    from treegym.agents.resolve import scripted_agent
+
+    agent = scripted_agent("heuristic", "TextHousehold-v0")
+    env = TextHouseholdEnv(split="unseen")
+    episodes = [run_episode(env, agent, options={"task_id": tid}) for tid in _sample("unseen", 3, seed=2)]
+    assert all(ep.error is None for ep in episodes)
+    assert sum(ep.reward for ep in episodes) >= 0.7 * len(episodes)

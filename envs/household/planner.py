@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from treegym.envs.household.heuristic import HouseholdHeuristic
 from treegym.envs.household.tasks import APPLIANCE, Task, make_task
 from treegym.envs.household.text import extract_command
 from treegym.envs.household.world import MIDDLE, State, World, actions, apply, goal_met
+
+__all__ = ["HouseholdHeuristic", "HouseholdOracle", "next_command", "walkthrough"]
 
 TREATMENT_VERB = {
     "pick_clean_then_place_in_recep": "clean",

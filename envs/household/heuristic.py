@@ -1,0 +1,113 @@
+"""A scripted baseline that plays from the text alone: read the task, search the room, act.
+
+Unlike the oracle it knows nothing of the world beyond what the chat shows. Each turn it
+rebuilds what it knows (where it is, what it holds, what it has seen where) from the messages,
+so one agent can drive any number of forks. It opens what is closed, takes the first goal
+object it sees, treats it at the first appliance of the right kind, and carries it to the first
+target receptacle (or to each lamp host until a desk lamp turns on).
+"""
+
+from __future__ import annotations
+
+import re
+
+from treegym.envs.household.tasks import TEMPLATES
+from treegym.envs.household.text import extract_command
+
+TREAT = {"pick_clean_then_place_in_recep": ("clean", "sinkbasin"),
+         "pick_heat_then_place_in_recep": ("heat", "microwave"),
+         "pick_cool_then_place_in_recep": ("cool", "fridge")}
+_GOALS = [
+    (task_type, re.compile("^" + re.escape(t).replace(r"\{obj\}", r"(?P<obj>\w+)").replace(
+        r"\{recep\}", r"(?P<recep>\w+)").replace(r"\{toggle\}", r"(?P<recep>\w+)") + "$"))
+    for task_type, pair in TEMPLATES.items() for t in pair
+]
+_SEE = re.compile(r"you see (.*?)\.(?=\s|$)")
+
+
+def parse_goal(prompt: str) -> tuple[str, str, str] | None:
+    """(task type, object kind, target kind) from the 'Your task is to: ...' sentence."""
+    m = re.search(r"Your task is to: (.*?)\.?\s*$", prompt.strip())
+    if not m:
+        return None
+    for task_type, pattern in _GOALS:
+        g = pattern.match(m.group(1))
+        if g:
+            return task_type, g.group("obj"), g.group("recep")
+    return None
+
+
+def _names(listing: str) -> list[str]:
+    return [e.strip()[2:] for e in listing.replace(", and ", ", ").split(", ") if e.strip().startswith("a ")]
+
+
+class HouseholdHeuristic:
+    """Search-and-act baseline for TextHousehold (and ALFWorld's text): ``act(messages) -> str``."""
+
+    def act(self, messages: list[dict[str, str]]) -> str:
+        if not messages:
+            return "look"
+        prompt = messages[0].get("content", "")
+        goal = parse_goal(prompt)
+        intro = _SEE.search(prompt)
+        recs = _names(intro.group(1)) if intro else []
+        if goal is None or not recs:
+            return "look"
+        task_type, obj, target = goal
+        loc, held, treated = "", "", False
+        seen: dict[str, list[str]] = {}
+        visited: list[str] = []
+        since_pickup: list[str] = []
+        placed: set[str] = set()
+        for k in range(1, len(messages) - 1, 2):
+            cmd = extract_command(messages[k].get("content", ""))
+            obs = messages[k + 1].get("content", "")
+            if obs.startswith("You arrive at "):
+                loc = cmd[len("go to "):]
+                visited.append(loc)
+                since_pickup.append(loc)
+            if obs.startswith("You pick up the "):
+                held, treated = obs[len("You pick up the "):].split(" from the ")[0], False
+                since_pickup = []
+            elif obs.startswith("You move the "):
+                placed.add(held)
+                held = ""
+            elif re.match(r"You (heat|cool|clean) the ", obs):
+                treated = True
+            found = _SEE.search(obs)
+            if found and loc:
+                seen[loc] = _names(found.group(1))
+        last = messages[-1].get("content", "") if len(messages) % 2 == 1 else ""
+        here = seen.get(loc, [])
+
+        def go_or(r: str, then: str) -> str:
+            if loc != r:
+                return f"go to {r}"
+            if f"The {r} is closed." in last:
+                return f"open {r}"
+            return then
+
+        if held and held.rsplit(" ", 1)[0] == obj:
+            if task_type == "look_at_obj_in_light":
+                lamps = [n for n in here if n.startswith("desklamp ")]
+                if lamps:
+                    return f"use {lamps[0]}"
+                hosts = [r for r in recs if r.rsplit(" ", 1)[0] in ("desk", "sidetable", "dresser")]
+                todo = [r for r in hosts if r not in since_pickup] or hosts
+                return f"go to {todo[0]}"
+            if task_type in TREAT and not treated:
+                verb, kind = TREAT[task_type]
+                app = next(r for r in recs if r.rsplit(" ", 1)[0] == kind)
+                return go_or(app, f"{verb} {held} with {app}")
+            dest = next(r for r in recs if r.rsplit(" ", 1)[0] == target)
+            return go_or(dest, f"move {held} to {dest}")
+        if held:  # wrong object: put it back where it is
+            return f"move {held} to {loc}"
+        if f"The {loc} is closed." in last:
+            return f"open {loc}"
+        wanted = [n for n in here if n.rsplit(" ", 1)[0] == obj and n not in placed]
+        if wanted and loc.rsplit(" ", 1)[0] != target:
+            return f"take {wanted[0]} from {loc}"
+        todo = [r for r in recs if r not in visited and r.rsplit(" ", 1)[0] != target] or recs
+        return f"go to {todo[0]}"
+
