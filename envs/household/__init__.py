@@ -4,7 +4,8 @@ Modules, by concern: ``catalogue`` (object and receptacle kinds, what holds what
 (the static room template and the immutable episode state, with the rules of every command),
 ``tasks`` (procedural task generation in train/seen/unseen splits), ``text`` (parsing an
 agent's turn into a command), ``planner`` (the expert walkthrough and the oracle agent),
-``pddl`` (export of a task as a PDDL problem for ALFWorld's own domain) and ``env``.
+``heuristic`` (a text-only baseline agent), ``pddl`` (export of a task as a PDDL problem for
+ALFWorld's own domain), ``reference`` (the real ALFWorld engine on an exported task) and ``env``.
 """
 
 from __future__ import annotations
