@@ -131,10 +131,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--env-kwargs", type=json.loads, default=None, help='JSON, e.g. \'{"index": "bm25"}\'')
     ap.add_argument("--out", type=Path, default=Path("runs/bench_algorithms"))
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="extra config overrides for every run, e.g. advantage.normalize_std=true")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = preset_overrides(args)
+    base.update(dict(kv.split("=", 1) for kv in args.set))
     print(f"preset {args.preset}: equal budget of {args.token_budget:,} generated tokens per run, "
           f"seeds {args.seeds}, algos {args.algos}", flush=True)
     results = []

@@ -61,7 +61,7 @@ def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Pat
     assert last > 0.5 and last > first + 0.3, r  # ... and training fixes it
     assert result.em_after is not None and result.em_before is not None and result.em_after > result.em_before
     folder = result.folder
-    assert (folder / "config.yaml").exists() and (folder / "summary.json").exists()
+    assert (folder / "config.yaml").exists() and (folder / "summary.json").exists() and (folder / "trees.html").exists()
     assert list_checkpoints(folder / "checkpoints")[-1].name == "step_16.pt"
     assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_em_vs_step.png", "reward_em_vs_tokens_total.png"]
     line = json.loads((folder / "metrics.jsonl").read_text().splitlines()[1])
@@ -136,3 +136,13 @@ def test_cli_reports_a_bad_override_without_a_traceback(capsys: pytest.CaptureFi
     assert "optim.lr: 'fast' is not a valid float" in err and "Traceback" not in err
     with pytest.raises(ConfigError, match="unknown config field 'lr_rate'"):
         load_config(overrides=[("lr_rate", "1")])
+
+
+def test_lora_trains_only_the_adapters(tiny_model: Path, tmp_path: Path) -> None:
+    cfg = tiny_config(tiny_model, tmp_path, algo="grpo", steps=2, run__name="lora", run__eval_n=0,
+                      model_opts__lora=True, model_opts__lora_r=4, optim__ppo_epochs=2, optim__micro_batch_size=8)
+    result = train(cfg, progress=False)
+    saved = torch.load(list_checkpoints(result.folder / "checkpoints")[-1], weights_only=False)["model"]
+    assert saved and all("lora_" in k for k in saved)
+    # lora_B starts at zero; training moved it.
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in saved.items())

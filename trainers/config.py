@@ -106,7 +106,7 @@ class RunConfig:
 class TrainConfig:
     algo: str = opt("tree-grpo", "algorithm", ["grpo", "tree-grpo", "treeopsd"])
     env: str = opt("TreeSearchQA-v0", "environment id")
-    env_kwargs: dict = opt({}, "keyword arguments for gym.make(env, ...)")
+    env_kwargs: dict = opt({}, "keyword arguments for gym.make(env, ...); TreeSearchQA-v0 defaults to {index: bm25}")
     model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
     seed: int = opt(0, "seed for prompts, sampling and init")
     steps: int = opt(8, "training steps")

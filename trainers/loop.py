@@ -145,7 +145,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
     n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
     last_batch: RolloutBatch | None = None
     while state.step < cfg.steps and not _budget_spent(cfg, state):
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         # 1. prompts: this process's slice of the global stream
         start = state.data_position + dist.rank * cfg.prompts_per_step
         prompts = rt.train_prompts(ids, cfg.seed, start, cfg.prompts_per_step)
@@ -161,8 +161,15 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
         adv = advantage_fn(rollouts, **adv_kwargs)
         data = pad_rollouts(rollouts, pad_id, {"advantages": adv.advantages, "weights": adv.weights})
 
-        # 5a. old and reference log-probs: the pre-update model, no grad
-        old_logp = _score(scorer, data, cfg, device, with_entropy=False)
+        # 5a. old and reference log-probs: the pre-update model, no grad. The first mini-batch
+        # is scored before any update, so its own forward gives its old log-probs; only the
+        # other rows need this extra pass (none at all with one mini-batch and one epoch).
+        first_order = torch.randperm(len(rollouts)).tolist()
+        first_rows = set(first_order[: cfg.optim.mini_batch_size])
+        rest = [i for i in range(len(rollouts)) if i not in first_rows]
+        old_logp = torch.zeros_like(data.mask)
+        if rest:
+            old_logp[rest] = _score(scorer, data, cfg, device, with_entropy=False, rows=rest)
         ref_logp = None
         if reference is not None or (cfg.loss.use_kl and hasattr(model, "disable_adapter")):
             ref_model, scope = rt.reference_scope(model, reference)
@@ -175,10 +182,11 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
             model.train()
         stats: dict[str, list[float]] = {}
         bad_inputs = not (torch.isfinite(old_logp).all() and torch.isfinite(data.extras["advantages"]).all())
+        fresh = True  # no update yet in this step: the current forward is the old policy
         nonfinite = rt.any_rank(bool(bad_inputs), dist, device)
         epochs = 0 if nonfinite else cfg.optim.ppo_epochs
-        for _ in range(epochs):
-            order = torch.randperm(len(rollouts)).tolist()
+        for epoch in range(epochs):
+            order = first_order if epoch == 0 else torch.randperm(len(rollouts)).tolist()
             for m in range(n_mini):
                 mb = order[m * cfg.optim.mini_batch_size : (m + 1) * cfg.optim.mini_batch_size]
                 norm = _normaliser(data, mb, cfg.loss.agg)
@@ -194,6 +202,8 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                         ids_, attn, tgt, mask = (x[rows].to(device) for x in
                                                  (data.input_ids, data.attention_mask, data.targets, data.mask))
                         logp, entropy = trainer(ids_, attn, tgt, mask, with_entropy=True)
+                        if fresh and micro:
+                            old_logp[micro] = logp.detach().float().cpu()
                         a = data.extras["advantages"][rows].to(device)
                         w = data.extras["weights"][rows].to(device)
                         out = loss_fn(logp, old_logp[rows].to(device), a, mask, weights=w, **l_kwargs)
@@ -219,6 +229,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                     break
                 _add(stats, "grad_norm", float(grad_norm))
                 optimizer.step()
+                fresh = False
             if nonfinite:
                 break
         model.eval()
@@ -254,7 +265,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
             "tool_calls": int(totals[6]), "env_steps": int(totals[7]), "tokens_total": state.tokens_total,
             "logprob_gap": totals[8] / dist.world, "action_tokens_per_traj": totals[9] / n,
             "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
-            "skipped": int(nonfinite), "time_sample": t_sample, "time_step": time.time() - t0,
+            "skipped": int(nonfinite), "time_sample": t_sample, "time_step": time.time() - t0, "cpu_step": time.process_time() - cpu0,
             **{k: sum(v) / len(v) for k, v in stats.items()},
         }
         if log is not None and state.step % cfg.run.log_every == 0:
@@ -289,7 +300,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
         history = read_metrics(folder / "metrics.jsonl")
         plot_metrics(folder)
         if cfg.run.trees_html and last_batch is not None:
-            _write_trees(last_batch, tokenizer, folder / "trees.html")
+            _write_trees(last_batch, tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
     result = RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
                        time.time() - t_start, history, digests)
     if dist.main:
@@ -319,11 +330,13 @@ def _add(stats: dict[str, list[float]], key: str, value: float) -> None:
     stats.setdefault(key, []).append(value)
 
 
-def _score(scorer: TokenScorer, data: PaddedBatch, cfg: TrainConfig, device: torch.device, *, with_entropy: bool) -> torch.Tensor:
-    """Log-probs of every rollout under the current weights, chunk by chunk, without grad."""
+def _score(scorer: TokenScorer, data: PaddedBatch, cfg: TrainConfig, device: torch.device, *,
+           with_entropy: bool, rows: list[int] | None = None) -> torch.Tensor:
+    """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad."""
     out = []
+    every = list(range(len(data.input_ids))) if rows is None else rows
     with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
-        for rows in rt.chunks(list(range(len(data.input_ids))), cfg.optim.micro_batch_size):
+        for rows in rt.chunks(every, cfg.optim.micro_batch_size):
             x = [t[list(rows)].to(device) for t in (data.input_ids, data.attention_mask, data.targets, data.mask)]
             logp, _ = scorer(*x, with_entropy=with_entropy)
             out.append(logp.float().cpu())
@@ -356,16 +369,11 @@ def _logprob_gap(data: PaddedBatch, logp: torch.Tensor) -> float:
     return float(((logp - data.behaviour_logprobs).abs() * m).sum() / m.sum().clamp(min=1.0))
 
 
-def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path) -> None:
+def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) -> None:
+    from treegym.agents.tree_html import write_tree_html
+
     try:
-        from treegym.agents import tree_html
-    except ImportError:
-        return
-    writer = getattr(tree_html, "write_trees_html", None) or getattr(tree_html, "write_html", None)
-    if writer is None:
-        return
-    try:
-        writer(batch.trees, path)
+        write_tree_html(path, batch.trees, tokenizer, title=title)
     except Exception as exc:  # a view is a convenience: never lose a finished run over it
         warnings.warn(f"could not write {path}: {exc}", stacklevel=1)
 

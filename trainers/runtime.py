@@ -212,11 +212,17 @@ def _entry_point(spec: str) -> Any:
     return ep
 
 
+# Training defaults per env, under the user's env_kwargs. TreeSearchQA-v0 trains on BM25: it
+# builds in seconds and searches without an embedder forward per query, which is what a
+# 2-core CPU run can afford (pass env_kwargs.index=flat for dense retrieval).
+TRAIN_ENV_DEFAULTS: dict[str, dict[str, Any]] = {"TreeSearchQA-v0": {"index": "bm25"}}
+
+
 def make_env(cfg: TrainConfig, split: str) -> gym.Env:
     """One env for ``split`` (passed only to envs that take a split), with the sampler's turn budget."""
     cls = _entry_point(cfg.env)
     params = inspect.signature(cls).parameters if callable(cls) else {}
-    kwargs = dict(cfg.env_kwargs)
+    kwargs = {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}
     if "split" in params and "split" not in kwargs:
         kwargs["split"] = split
     if "max_turns" in params and "max_turns" not in kwargs:
