@@ -227,10 +227,11 @@ def evaluate(
     """
     if n < 1:
         raise ConfigError(f"n must be at least 1, got {n}")
-    env = make_eval_env(env_id, split, env_kwargs)
+    # The agent first: a bad spec should fail before an index is built.
     resolved = resolve_agent(agent, env_id) if isinstance(agent, str) else ResolvedAgent(str(type(agent).__name__), agent)
     if trees and not resolved.is_policy:
         raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
+    env = make_eval_env(env_id, split, env_kwargs)
     prompts = task_prompts(env, n, seed)
     params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
     out_dir = Path(out) if out is not None else None

@@ -86,7 +86,8 @@ def test_eval_cli_runs_the_heuristic_agent_end_to_end(tmp_path, capsys):
 
 
 def test_eval_cli_reports_an_unknown_agent_without_a_traceback(capsys):
-    rc = main(["eval", "--agent", "psychic", "--env", "TreeSearchQA-v0", "--n", "1", "--no-progress"])
+    rc = main(["eval", "--agent", "psychic", "--env", "TreeSearchQA-v0", "--n", "1", "--no-progress",
+               "--env-kwargs", json.dumps(QA_KWARGS)])
     assert rc == 2
     assert "unknown agent 'psychic'" in capsys.readouterr().err
 

@@ -16,7 +16,7 @@ from treegym.trainers.context import TokenContext
 from treegym.trainers.rollout import choose_nodes, sample_chains, sample_trees, to_rollout
 from treegym.trainers.types import Node, Tree, Turn
 
-PARAMS = SamplingParams(temperature=1.0, max_new_tokens=8, seed=1)
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6, seed=1)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def prompts(env):
 
 @pytest.fixture(scope="module")
 def tree_batch(policy, env, prompts):
-    return sample_trees(policy, env, prompts, m=2, n=2, l=1, k=3, params=PARAMS, max_turns=2, seed=0)
+    return sample_trees(policy, env, prompts[:1], m=2, n=2, l=1, k=3, params=PARAMS, max_turns=2, seed=0)
 
 
 def _all_turn_nodes(trees):
@@ -46,15 +46,15 @@ def _all_turn_nodes(trees):
 
 
 def test_tree_sampler_grows_m_trees_per_prompt_with_k_leaves_kept(tree_batch):
-    assert [(t.prompt_index, t.tree_index) for t in tree_batch.trees] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(t.prompt_index, t.tree_index) for t in tree_batch.trees] == [(0, 0), (0, 1)]
     for tree in tree_batch.trees:
         # one initial chain plus one new leaf per expanded node (l=1 round of n=2)
         assert len(tree.expanded) == 2
         assert len(tree.leaves()) == 3
         assert len(tree.kept_leaves) == 3
         assert all(tree.nodes[i].terminal and tree.nodes[i].reward is not None for i in tree.kept_leaves)
-    assert len(tree_batch.rollouts) == 4 * 3
-    assert tree_batch.budget.trajectories == 12
+    assert len(tree_batch.rollouts) == 2 * 3
+    assert tree_batch.budget.trajectories == 6
 
 
 def test_every_leaf_path_is_the_prompt_followed_by_its_turns(tree_batch):
@@ -152,14 +152,14 @@ def test_choose_nodes_without_replacement_exhausts_candidates_then_stops():
 
 
 def test_chain_sampler_gives_group_size_independent_chains(policy, env, prompts):
-    batch = sample_chains(policy, env, prompts, group_size=3, params=PARAMS, max_turns=2, mode="raw")
-    assert len(batch.trees) == 2 and len(batch.rollouts) == 6
+    batch = sample_chains(policy, env, prompts, group_size=2, params=PARAMS, max_turns=2, mode="raw")
+    assert len(batch.trees) == 2 and len(batch.rollouts) == 4
     for tree in batch.trees:
-        assert len(tree.nodes[0].children) == 3
+        assert len(tree.nodes[0].children) == 2
         assert all(len(n.children) <= 1 for n in tree.nodes[1:])  # no branching below the root
         paths = [set(tree.path(leaf)) for leaf in tree.kept_leaves]
-        assert len(paths) == 3 and not (paths[0] & paths[1] or paths[0] & paths[2] or paths[1] & paths[2])
-    assert [r.prompt_index for r in batch.rollouts] == [0, 0, 0, 1, 1, 1]
+        assert len(paths) == 2 and not paths[0] & paths[1]
+    assert [r.prompt_index for r in batch.rollouts] == [0, 0, 1, 1]
     nodes = _all_turn_nodes(batch.trees)
     assert batch.budget.generated_tokens == sum(len(n.turn.action_ids) for n in nodes)
 
@@ -200,7 +200,7 @@ def test_sampler_rejects_bad_tree_shapes(policy, env, prompts):
 def test_tree_html_shows_turns_rewards_and_split_points(tree_batch):
     page = tree_html(tree_batch.trees, title="t")
     assert page.startswith("<!doctype html>") and "<script" not in page
-    assert page.count("reward ") >= 12
+    assert page.count("reward ") >= 6
     split = any(len(n.children) > 1 for t in tree_batch.trees for n in t.nodes[1:])
     assert ("splits into" in page) == split
     assert "&lt;information&gt;" in page or "invalid" in page
