@@ -53,7 +53,7 @@ def rewards(history: list[dict[str, Any]]) -> list[float]:
 
 @pytest.mark.parametrize("algo", ["grpo", "tree-grpo", "treeopsd"])
 def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Path, tmp_path: Path) -> None:
-    cfg = tiny_config(tiny_model, tmp_path, algo=algo, steps=16, run__name=algo, run__tensorboard=algo == "tree-grpo")
+    cfg = tiny_config(tiny_model, tmp_path, algo=algo, steps=20, run__name=algo, run__tensorboard=algo == "tree-grpo")
     result = train(cfg, progress=False)
     r = rewards(result.history)
     first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
@@ -62,7 +62,7 @@ def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Pat
     assert result.em_after is not None and result.em_before is not None and result.em_after > result.em_before
     folder = result.folder
     assert (folder / "config.yaml").exists() and (folder / "summary.json").exists() and (folder / "trees.html").exists()
-    assert list_checkpoints(folder / "checkpoints")[-1].name == "step_16.pt"
+    assert list_checkpoints(folder / "checkpoints")[-1].name == "step_20.pt"
     assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_em_vs_step.png", "reward_em_vs_tokens_total.png"]
     line = json.loads((folder / "metrics.jsonl").read_text().splitlines()[1])
     for key in ("reward", "em", "approx_kl", "clipfrac", "entropy", "generated_tokens", "tool_calls", "tokens_total"):

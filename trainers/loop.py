@@ -199,17 +199,16 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                     sync = u == n_micro - 1
                     ctx = trainer.no_sync() if (dist.on and not sync) else contextlib.nullcontext()
                     with ctx, rt.autocast(device, cfg.model_opts.bf16):
-                        ids_, attn, tgt, mask = (x[rows].to(device) for x in
-                                                 (data.input_ids, data.attention_mask, data.targets, data.mask))
+                        ids_, attn, tgt, mask, n = _take(data, rows, device)
                         logp, entropy = trainer(ids_, attn, tgt, mask, with_entropy=True)
                         if fresh and micro:
-                            old_logp[micro] = logp.detach().float().cpu()
-                        a = data.extras["advantages"][rows].to(device)
-                        w = data.extras["weights"][rows].to(device)
-                        out = loss_fn(logp, old_logp[rows].to(device), a, mask, weights=w, **l_kwargs)
+                            old_logp[micro, :n] = logp.detach().float().cpu()
+                        a = data.extras["advantages"][rows, :n].to(device)
+                        w = data.extras["weights"][rows, :n].to(device)
+                        out = loss_fn(logp, old_logp[rows, :n].to(device), a, mask, weights=w, **l_kwargs)
                         loss = out.loss - cfg.loss.entropy_coef * aggregate(entropy, mask, cfg.loss.agg, cfg.loss.constant_normalizer)
                         if ref_logp is not None:
-                            kl = aggregate(kl_k3(logp, ref_logp[rows].to(device)), mask, cfg.loss.agg, cfg.loss.constant_normalizer)
+                            kl = aggregate(kl_k3(logp, ref_logp[rows, :n].to(device)), mask, cfg.loss.agg, cfg.loss.constant_normalizer)
                             loss = loss + cfg.loss.kl_coef * kl
                             _add(stats, "kl_ref", kl.item())
                         loss = loss * scale * _micro_share(data, micro, norm, cfg.loss.agg)
@@ -333,14 +332,23 @@ def _add(stats: dict[str, list[float]], key: str, value: float) -> None:
 def _score(scorer: TokenScorer, data: PaddedBatch, cfg: TrainConfig, device: torch.device, *,
            with_entropy: bool, rows: list[int] | None = None) -> torch.Tensor:
     """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad."""
-    out = []
     every = list(range(len(data.input_ids))) if rows is None else rows
+    out = torch.zeros((len(every), data.mask.shape[1]))
     with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
-        for rows in rt.chunks(every, cfg.optim.micro_batch_size):
-            x = [t[list(rows)].to(device) for t in (data.input_ids, data.attention_mask, data.targets, data.mask)]
-            logp, _ = scorer(*x, with_entropy=with_entropy)
-            out.append(logp.float().cpu())
-    return torch.cat(out) if out else torch.zeros_like(data.mask)
+        for start in range(0, len(every), cfg.optim.micro_batch_size):
+            chunk = every[start : start + cfg.optim.micro_batch_size]
+            ids_, attn, tgt, mask, n = _take(data, chunk, device)
+            logp, _ = scorer(ids_, attn, tgt, mask, with_entropy=with_entropy)
+            out[start : start + len(chunk), :n] = logp.float().cpu()
+    return out
+
+
+def _take(data: PaddedBatch, rows: list[int], device: torch.device) -> tuple[torch.Tensor, ...] | Any:
+    """The model inputs of ``rows``, trimmed to their own longest rollout; and the target width."""
+    width = int(data.attention_mask[rows].sum(-1).max())
+    n = width - 1
+    return (data.input_ids[rows, :width].to(device), data.attention_mask[rows, :width].to(device),
+            data.targets[rows, :n].to(device), data.mask[rows, :n].to(device), n)
 
 
 def _normaliser(data: PaddedBatch, rows: list[int], agg: str) -> float:
