@@ -77,8 +77,12 @@ class StaticMiniLM:
         return vectors / np.clip(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12, None)
 
 
-def embed_corpus(corpus: Path, limit: int, embed, out: Path, chunk: int = 8192) -> np.ndarray:  # noqa: ANN001
-    """Stream the corpus through ``embed`` into a float32 .npy memmap of (limit, dim)."""
+def embed_corpus(corpus: Path, limit: int, embed, out: Path, chunk: int = 8192, stride: int = 1) -> np.ndarray:  # noqa: ANN001
+    """Stream every ``stride``-th passage (``limit`` in all) through ``embed`` into a float32
+    .npy memmap. The corpus is ordered by entity type, so a slice smaller than the corpus must
+    stride through it to hold people, places, organisations and works alike."""
+    from itertools import islice
+
     from tqdm import tqdm
 
     from treegym.retrieval_index.corpus import read_jsonl
@@ -87,7 +91,7 @@ def embed_corpus(corpus: Path, limit: int, embed, out: Path, chunk: int = 8192) 
     batch: list[str] = []
     row = 0
     with tqdm(total=limit, desc="embed", unit=" passages", unit_scale=True, mininterval=2) as bar:
-        for doc in read_jsonl(corpus, limit):
+        for doc in islice(read_jsonl(corpus), 0, limit * stride, stride):
             batch.append(doc.contents)
             if len(batch) == chunk:
                 vectors, row = _flush(embed(batch), vectors, row, limit, out)
@@ -121,8 +125,8 @@ def _build(kind: str, vectors: np.ndarray, params: dict):  # noqa: ANN202
         index = faiss.IndexHNSWFlat(dim, params["M"], faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = params["efConstruction"]
     else:
-        quantizer = faiss.IndexFlatIP(dim)
-        index = faiss.IndexIVFPQ(quantizer, dim, params["nlist"], params["m"], 8, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.index_factory(dim, f"IVF{params['nlist']},PQ{params['m']}", faiss.METRIC_INNER_PRODUCT)
+        faiss.extract_index_ivf(index).cp.niter = params.get("niter", 20)
         rng = np.random.default_rng(0)
         sample = np.sort(rng.choice(n, size=min(n, params["train"]), replace=False))
         index.train(np.ascontiguousarray(vectors[sample]))
@@ -171,7 +175,7 @@ def measure(kind: str, vectors_path: str, queries: np.ndarray, params: dict, sin
                 out[i] = c[np.argsort(-scores)[:K]]
             return out
 
-        n1 = single if kind != "flat" else max(20, single // 4)
+        n1 = single if kind != "flat" else max(10, single // 4)
         t0 = time.perf_counter()
         for q in queries[:n1]:
             search(q[None, :])
@@ -210,7 +214,7 @@ def compare(vectors_path: Path, queries: np.ndarray, configs: dict[str, dict], s
             rec = recall_at_k(s["ids"], exact)
             tag = f"{name}" + (f" ({variant})" if variant else "")
             print(f"{tag:44s} {row['build_s']:8.1f} {row['bytes'] / n:10.1f} {row['bytes'] / flat_bytes:11.3f} "
-                  f"{row['peak_rss_mb']:12.0f} {s['qps1']:9.1f} {s['qps256']:10.1f} {rec:9.3f}")
+                  f"{row['peak_rss_mb']:12.0f} {s['qps1']:9.3g} {s['qps256']:10.3g} {rec:9.3f}")
             summary[tag] = {"kind": row["kind"], "bytes_per_passage": row["bytes"] / n, "recall": rec,
                             "qps1": s["qps1"], "qps256": s["qps256"], "build_s": row["build_s"],
                             "peak_rss_mb": row["peak_rss_mb"], "mem_ratio": row["bytes"] / flat_bytes}
@@ -222,18 +226,19 @@ def project(result: dict) -> None:
     n = result["n"]
     f = TARGET_PASSAGES / n
     print(f"\n== PROJECTED to {TARGET_PASSAGES:,} passages (x{f:.1f}; not measured) ==")
-    print("memory: bytes/passage x 21M. QPS: Flat and IVF-PQ at fixed nprobe scan ~n/nlist*nprobe codes, so")
-    print("QPS / 21 for Flat; IVF-PQ / sqrt(21) if nlist grows with sqrt(n); HNSW ~ log(n) hops: / log(21M)/log(n).")
+    print(f"memory: bytes/passage x 21M. QPS: Flat scans all n, so / {f:.0f}; IVF-PQ with nlist ~ sqrt(n) at fixed")
+    print(f"nprobe scans ~sqrt(n) codes, so / {f**0.5:.1f} (rerank adds a cost that does not grow); HNSW ~log(n) hops.")
     for tag, r in result["rows"].items():
         mem_gb = r["bytes_per_passage"] * TARGET_PASSAGES / 1e9
         scale = {"flat": f, "ivfpq": f**0.5, "hnsw": np.log(TARGET_PASSAGES) / np.log(n)}[r["kind"]]
-        print(f"{tag:44s} index ~{mem_gb:7.1f} GB   QPS b=1 ~{r['qps1'] / scale:8.1f}   b=256 ~{r['qps256'] / scale:8.1f}")
+        print(f"{tag:44s} index ~{mem_gb:7.1f} GB   QPS b=1 ~{r['qps1'] / scale:8.3g}   b=256 ~{r['qps256'] / scale:8.3g}")
 
 
 def configs_for(n: int, hnsw: bool, threads: int, pq_bytes: tuple[int, ...] = (48, 96)) -> dict[str, dict]:
-    # ~sqrt(n) lists: 1,000 at 1M keeps k-means training to a minute on one core.
+    # ~sqrt(n) lists: 1,000 at 1M keeps k-means training short on one core.
     nlist = max(16, int(np.sqrt(n)))
-    train = min(n, 64 * nlist)
+    big = n >= 500_000
+    train = min(n, (16 if big else 64) * nlist)
     configs: dict[str, dict] = {"flat": {"kind": "flat", "threads": threads}}
     if hnsw:
         configs["hnsw M=32"] = {"kind": "hnsw", "M": 32, "efConstruction": 80, "threads": threads,
@@ -241,6 +246,7 @@ def configs_for(n: int, hnsw: bool, threads: int, pq_bytes: tuple[int, ...] = (4
     for m in pq_bytes:
         configs[f"ivfpq nlist={nlist} m={m}"] = {
             "kind": "ivfpq", "nlist": nlist, "m": m, "train": train, "threads": threads,
+            "niter": 10 if big else 20,
             "search_variants": [{"nprobe": 16}, {"nprobe": 64}, {"nprobe": 16, "rerank": 64},
                                 {"nprobe": 64, "rerank": 100}],
         }
@@ -258,6 +264,7 @@ def main() -> int:
                         help="also compare recall on the first N passages embedded with real MiniLM")
     parser.add_argument("--pq-m", type=int, nargs="+", default=[48, 96],
                         help="PQ sub-quantizers (= bytes per passage) to try (default: 48 96)")
+    parser.add_argument("--vectors", type=Path, help="reuse a static-minilm .npy from an earlier run (same world, size)")
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads per index (default 1: stable on a shared box)")
     parser.add_argument("--json", type=Path, help="write the measured tables here")
     args = parser.parse_args()
@@ -276,12 +283,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="synth-vectors-"))
     out: dict = {}
 
+    total = json.loads((world / "manifest.json").read_text())["passages"]
+    if args.passages > total:
+        parser.error(f"--passages {args.passages} is more than the world's {total}")
+    stride = total // args.passages
+    if stride > 1:
+        print(f"indexing every {stride}th passage of the {total:,}-passage world")
     static = StaticMiniLM()
-    t0 = time.perf_counter()
-    vectors = embed_corpus(world / "corpus.jsonl", args.passages, static.encode, work / "static.npy")
-    embed_s = time.perf_counter() - t0
-    print(f"embedded {len(vectors):,} passages with static-minilm in {embed_s:.0f} s "
-          f"({len(vectors) / embed_s:.0f}/s); parent peak RSS {peak_rss_mb():.0f} MB")
+    if args.vectors:
+        vectors = np.load(args.vectors, mmap_mode="r")
+        if len(vectors) != args.passages:
+            parser.error(f"{args.vectors} holds {len(vectors)} vectors, not --passages {args.passages}")
+        (work / "static.npy").symlink_to(args.vectors.resolve())
+        print(f"reusing {len(vectors):,} static-minilm vectors from {args.vectors}")
+    else:
+        t0 = time.perf_counter()
+        vectors = embed_corpus(world / "corpus.jsonl", args.passages, static.encode, work / "static.npy", stride=stride)
+        embed_s = time.perf_counter() - t0
+        print(f"embedded {len(vectors):,} passages with static-minilm in {embed_s:.0f} s "
+              f"({len(vectors) / embed_s:.0f}/s); parent peak RSS {peak_rss_mb():.0f} MB")
     queries = static.encode(questions).astype(np.float32)
     configs = configs_for(len(vectors), hnsw=not args.no_hnsw, threads=args.threads, pq_bytes=tuple(args.pq_m))
     out["static"] = compare(work / "static.npy", queries, configs, args.single, "static-minilm vectors")
@@ -292,13 +312,17 @@ def main() -> int:
 
         minilm = load_embedder("minilm")
         t0 = time.perf_counter()
+        small_stride = total // args.check_minilm
+        print(f"\nreal-MiniLM check: every {small_stride}th passage, {args.check_minilm:,} in all")
         real = embed_corpus(world / "corpus.jsonl", args.check_minilm,
-                            lambda b: minilm.encode(b, "passage", batch_size=64), work / "minilm.npy", chunk=1024)
+                            lambda b: minilm.encode(b, "passage", batch_size=64), work / "minilm.npy",
+                            chunk=1024, stride=small_stride)
         print(f"embedded {len(real):,} passages with MiniLM in {time.perf_counter() - t0:.0f} s")
         small = configs_for(args.check_minilm, hnsw=not args.no_hnsw, threads=args.threads, pq_bytes=tuple(args.pq_m))
         real_q = minilm.encode(questions, "query")
         out["minilm"] = compare(work / "minilm.npy", real_q, small, args.single, "real MiniLM vectors")
-        static_small = embed_corpus(world / "corpus.jsonl", args.check_minilm, static.encode, work / "static_small.npy")
+        static_small = embed_corpus(world / "corpus.jsonl", args.check_minilm, static.encode,
+                                    work / "static_small.npy", stride=small_stride)
         del static_small
         out["static_small"] = compare(work / "static_small.npy", queries, small, args.single,
                                       "static-minilm vectors, same slice")
