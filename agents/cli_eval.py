@@ -20,7 +20,7 @@ def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "eval",
         help="evaluate an agent on an env (EM, F1, success with 95%% intervals)",
-        description="Run AGENT on N tasks of ENV and print EM, F1 and success with 95%% intervals "
+        description="Run AGENT on N tasks of ENV and print EM, F1 and success with 95% intervals "
         "(Wilson for rates, bootstrap for means), average turns and tool calls. Writes "
         "traces.jsonl and report.json to --out; --trees also writes trees.html.",
     )
