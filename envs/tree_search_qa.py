@@ -9,7 +9,7 @@ from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
-from treegym.envs.rewards import exact_match, f1_score, format_reward
+from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError, TreegymError
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
@@ -202,10 +202,8 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         if parsed.kind == "answer":
             s = replace(s, answer=parsed.argument, done=True)
             terminated = True
-            em = exact_match(parsed.argument, s.item.answers)
-            f1 = f1_score(parsed.argument, s.item.answers)
+            reward, em, f1 = qa_reward(parsed.argument, s.item.answers, s.format_valid, self.reward_kind, self.format_score)
             extra = {"em": em, "f1": f1}
-            reward = self._reward(answered=True, em=em, f1=f1, format_valid=s.format_valid)
         elif parsed.kind == "search":
             s = replace(s, tool_calls=s.tool_calls + 1)
             result = results[0]
@@ -223,18 +221,11 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         truncated = not terminated and s.turn >= self.max_turns
         if truncated:
             s = replace(s, done=True)
-            reward = self._reward(answered=False, em=0.0, f1=0.0, format_valid=s.format_valid)
+            reward = qa_reward(None, s.item.answers, s.format_valid, self.reward_kind, self.format_score)[0]
         self.state = s
         info = self._info(s, invalid=parsed.kind == "invalid")
         info.update(extra)
         return obs, reward, terminated, truncated, info
-
-    def _reward(self, answered: bool, em: float, f1: float, format_valid: bool) -> float:
-        if self.format_score:
-            return format_reward(answered, em == 1.0, format_valid)
-        if not answered:
-            return 0.0
-        return em if self.reward_kind == "em" else f1
 
     def _info(self, s: QAState, invalid: bool) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
 from treegym.envs.react import parse_action
-from treegym.envs.rewards import exact_match, f1_score, format_reward
+from treegym.envs.rewards import qa_reward
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
 from treegym.envs.web.http import HttpConfig
@@ -254,9 +254,8 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         if parsed.kind == "answer":
             s = replace(s, answer=parsed.argument, done=True)
             terminated = True
-            em, f1 = exact_match(parsed.argument, s.item.answers), f1_score(parsed.argument, s.item.answers)
+            reward, em, f1 = qa_reward(parsed.argument, s.item.answers, s.format_valid, self.reward_kind, self.format_score)
             extra = {"em": em, "f1": f1}
-            reward = self._reward(True, em, f1, s.format_valid)
         elif parsed.kind in ("search", "browse"):
             s = replace(s, tool_calls=s.tool_calls + 1)
             result = results[0]
@@ -284,18 +283,11 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         truncated = not terminated and s.turn >= self.max_turns
         if truncated:
             s = replace(s, done=True)
-            reward = self._reward(False, 0.0, 0.0, s.format_valid)
+            reward = qa_reward(None, s.item.answers, s.format_valid, self.reward_kind, self.format_score)[0]
         self.state = s
         info = self._info(s, invalid=parsed.kind == "invalid")
         info.update(extra)
         return obs, reward, terminated, truncated, info
-
-    def _reward(self, answered: bool, em: float, f1: float, format_valid: bool) -> float:
-        if self.format_score:
-            return format_reward(answered, em == 1.0, format_valid)
-        if not answered:
-            return 0.0
-        return em if self.reward_kind == "em" else f1
 
     def _info(self, s: WebState, invalid: bool) -> dict[str, Any]:
         return {
