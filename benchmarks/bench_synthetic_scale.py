@@ -268,8 +268,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="FAISS threads per index (default 1: stable on a shared box)")
     parser.add_argument("--json", type=Path, help="write the measured tables here")
     args = parser.parse_args()
-    # Busy-waiting OpenMP threads crawl on an oversubscribed machine; children inherit this.
+    # Busy-waiting OpenMP/OpenBLAS threads crawl on an oversubscribed machine, so the children
+    # (which inherit this environment) run exactly --threads threads that sleep when idle.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
 
     from treegym.retrieval_index.synthetic.writer import read_questions, write_world
 
