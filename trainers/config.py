@@ -92,7 +92,7 @@ class RunConfig:
     resume: bool = opt(True, "continue from the latest checkpoint when the run folder has one")
     log_every: int = opt(1, "steps between metric lines")
     save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
-    eval_n: int = opt(16, "held-out prompts for EM before/after (0 = skip)")
+    eval_n: int = opt(8, "held-out prompts for EM before/after (0 = skip)")
     eval_split: str = opt("dev", "split used for evaluation")
     eval_temperature: float = opt(0.0, "sampling temperature for EM before/after (0 = greedy)")
     eval_every: int = opt(0, "steps between held-out EM evaluations during training (0 = before/after only)")
