@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.qa_tasks import pick_item, require_running
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
 from treegym.envs.rewards import qa_reward
-from treegym.errors import ConfigError, TreegymError
+from treegym.errors import ConfigError
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
 
@@ -175,21 +176,12 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
     # ---- episode ------------------------------------------------------------------------------
 
     def _reset_state(self, options: dict[str, Any]) -> tuple[QAState, str, dict[str, Any]]:
-        task_id = options.get("task_id")
-        if task_id is not None:
-            if task_id not in self._by_id:
-                raise ConfigError(f"unknown task_id {task_id!r}; this env has {len(self.items)} tasks")
-            item = self._by_id[task_id]
-        else:
-            item = self.items[int(self.np_random.integers(len(self.items)))]
+        item = pick_item(self.items, self._by_id, options, self.np_random)
         state = QAState(item=item)
         return state, SEARCH_R1_PROMPT.format(question=item.question), self._info(state, invalid=False)
 
     def plan(self, action: str) -> list[ToolCall]:
-        if self.state is None:
-            raise TreegymError("step() before reset(): call env.reset() first")
-        if self.state.done:
-            raise TreegymError("step() after the episode ended: call env.reset()")
+        require_running(self.state)
         parsed = parse_action(action, ("search", "answer"), self.max_action_chars)
         calls = [ToolCall("search", parsed.argument)] if parsed.kind == "search" else []
         return self._remember(calls, parsed)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.qa_tasks import pick_item, require_running
 from treegym.envs.react import parse_action
 from treegym.envs.rewards import qa_reward
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
@@ -16,7 +17,7 @@ from treegym.envs.web.cache import ResponseCache, shared_cache
 from treegym.envs.web.http import HttpConfig
 from treegym.envs.web.pages import paginate, split_page_ref
 from treegym.envs.web.tools import BrowseTool, FetchedPage, SearchTool, ToolError, shared_fetcher
-from treegym.errors import ConfigError, TreegymError
+from treegym.errors import ConfigError
 from treegym.retrieval_index.types import QAItem
 
 WEB_PROMPT = (
@@ -215,21 +216,12 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
     # ---- episode ------------------------------------------------------------------------------
 
     def _reset_state(self, options: dict[str, Any]) -> tuple[WebState, str, dict[str, Any]]:
-        task_id = options.get("task_id")
-        if task_id is not None:
-            if task_id not in self._by_id:
-                raise ConfigError(f"unknown task_id {task_id!r}; this env has {len(self.items)} tasks")
-            item = self._by_id[task_id]
-        else:
-            item = self.items[int(self.np_random.integers(len(self.items)))]
+        item = pick_item(self.items, self._by_id, options, self.np_random)
         state = WebState(item=item)
         return state, WEB_PROMPT.format(question=item.question), self._info(state, invalid=False)
 
     def plan(self, action: str) -> list[ToolCall]:
-        if self.state is None:
-            raise TreegymError("step() before reset(): call env.reset() first")
-        if self.state.done:
-            raise TreegymError("step() after the episode ended: call env.reset()")
+        require_running(self.state)
         parsed = parse_action(action, TAGS, self.max_action_chars)
         if parsed.kind == "search":
             return self._remember([ToolCall("search", parsed.argument)], (parsed, None))
