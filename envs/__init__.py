@@ -6,7 +6,7 @@ import copy
 
 import gymnasium as gym
 
-from treegym.envs.core import ForkableEnv, Snapshot, Tool, ToolCall, UnicodeText
+from treegym.envs.core import ForkableEnv, Snapshot, Tool, ToolCall, ToolError, UnicodeText
 from treegym.envs.pool import EnvPool
 
 ENV_IDS = ("TreeSearchQA-v0", "WebSearchQA-v0", "TextHousehold-v0")
@@ -59,6 +59,7 @@ __all__ = [
     "Snapshot",
     "Tool",
     "ToolCall",
+    "ToolError",
     "UnicodeText",
     "fork",
     "register_envs",

@@ -80,6 +80,14 @@ class Tool(Protocol):
 
 
 @dataclass(frozen=True)
+class ToolError:
+    """A failed tool call, returned in place of its result so that the batch's other calls
+    survive; ``message`` is what the agent reads."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Snapshot(Generic[StateT]):
     """An env's state at one moment. Immutable and picklable; restoring it is exact."""
 

@@ -7,19 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
 from treegym.envs.qa_tasks import pick_item, require_running
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
 from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
-
-
-@dataclass(frozen=True)
-class ToolError:
-    """A failed tool call, returned in place of its result so that the others survive."""
-
-    message: str
 
 
 class SearchTool:

@@ -14,17 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from treegym.envs.core import ToolError
 from treegym.envs.web.backends import SearchBackend, SearchResult
 from treegym.envs.web.cache import ResponseCache, request_key
 from treegym.envs.web.http import Fetcher, FetchError, HttpConfig
 from treegym.envs.web.pages import Link, html_to_text, plain_text
-
-
-@dataclass(frozen=True)
-class ToolError:
-    """A failed call, in place of its result: ``message`` is what the agent reads."""
-
-    message: str
 
 
 @dataclass(frozen=True)
