@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from treegym.retrieval_index.types import Retriever
 INDEX_TYPES = ("flat", "hnsw", "ivfpq", "bm25", "hybrid")
 DENSE_TYPES = ("flat", "hnsw", "ivfpq")
 EMBED_CHUNK = 512  # passages per encode() call: bounds memory and paces the progress bar
+RERANK_DEPTH = 100  # IVF-PQ candidates per query re-scored exactly from the embeddings on disk
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,10 @@ def default_params(kind: str, count: int, dim: int) -> dict[str, Any]:
         nlist = max(1, min(round(math.sqrt(count)), count // 10))
         m = max(d for d in range(1, dim + 1) if dim % d == 0 and d <= max(1, dim // 8))
         nbits = max(1, min(8, int(math.log2(max(2, count // 4)))))
-        return {"nlist": nlist, "m": m, "nbits": nbits, "nprobe": min(nlist, 16)}
+        # PQ codes alone reorder close neighbours (recall@5 against Flat ~0.4-0.7 in
+        # benchmarks/bench_synthetic_scale.py); re-scoring RERANK_DEPTH candidates exactly from
+        # the cached embeddings on disk restores Flat's order at no cost in RAM.
+        return {"nlist": nlist, "m": m, "nbits": nbits, "nprobe": min(nlist, 16), "rerank": RERANK_DEPTH}
     return {}
 
 
@@ -241,7 +246,28 @@ def load_dense(folder: Path, corpus: Corpus, kind: str, embedder: str | Embedder
     if index.ntotal != manifest.count or index.d != manifest.dim:
         raise IndexFormatError(f"{folder / 'index.faiss'} does not match its manifest; rebuild it with `{rebuild}`")
     _apply_search_params(index, kind, manifest.params)
-    return DenseRetriever(index, corpus.docs, model, kind)
+    rerank = int(manifest.params.get("rerank", 0)) if kind == "ivfpq" else 0
+    exact = _rescoring_vectors(corpus, model, rebuild) if rerank else None
+    return DenseRetriever(index, corpus.docs, model, kind, exact=exact, rerank=rerank)
+
+
+def _rescoring_vectors(corpus: Corpus, model: Embedder, rebuild: str) -> np.ndarray | None:
+    """The cached passage embeddings, memory-mapped (only re-scored rows are ever read).
+
+    Missing embeddings (deleted to save disk) are not fatal: the index still searches, on
+    its PQ scores alone, and the warning says how to get the exact order back.
+    """
+    folder = index_folder(corpus.label, corpus.hash, "embeddings", model.name)
+    if not (folder / "vectors.npy").is_file():
+        warnings.warn(
+            f"IVF-PQ index of {corpus.label}: the embeddings it re-scores from ({folder}) are gone, so results "
+            f"follow PQ's approximate scores; `{rebuild}` restores them",
+            stacklevel=3,
+        )
+        return None
+    expected = {"type": "embeddings", "corpus_hash": corpus.hash, "count": len(corpus.docs), "embedder": model.name}
+    check_index(folder, expected, rebuild, verify=False)  # sizes, not a checksum of gigabytes
+    return np.load(folder / "vectors.npy", mmap_mode="r")
 
 
 def load_bm25(folder: Path, corpus: Corpus) -> BM25Retriever:

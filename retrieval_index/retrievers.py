@@ -55,16 +55,56 @@ def _hit(doc: Document, score: float) -> Hit:
     return Hit(doc_id=doc.id, title=doc.title, text=doc.text, score=float(score))
 
 
-class DenseRetriever(SharedBackend):
-    """Queries embedded in one batch, then one inner-product search over a FAISS index."""
+def rescore(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner products for each query's candidate rows, best ``k`` first.
 
-    def __init__(self, index: Any, docs: Sequence[Document], embedder: Embedder, kind: str = "flat") -> None:
+    ``vectors`` may be a memory-mapped ``.npy``: only the candidates' rows are read, each once
+    per batch and in file order. ``candidates`` is (n, depth) with -1 for "no candidate", as
+    FAISS returns it; the result is (scores, rows), padded with -inf and -1 the same way.
+    """
+    valid = candidates >= 0
+    rows = np.unique(candidates[valid])
+    block = np.asarray(vectors[rows], dtype=np.float32)
+    positions = np.searchsorted(rows, np.where(valid, candidates, rows[0] if len(rows) else 0))
+    depth = candidates.shape[1]
+    scores = np.full(candidates.shape, -np.inf, dtype=np.float32)
+    for i, query in enumerate(np.asarray(queries, dtype=np.float32)):
+        if len(rows):
+            scores[i] = np.where(valid[i], block[positions[i]] @ query, -np.inf)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, depth)]
+    best = np.take_along_axis(scores, top, axis=1)
+    ids = np.where(np.isfinite(best), np.take_along_axis(candidates, top, axis=1), -1)
+    return best, ids
+
+
+class DenseRetriever(SharedBackend):
+    """Queries embedded in one batch, then one inner-product search over a FAISS index.
+
+    With ``exact`` (the passage vectors, usually memory-mapped from the embeddings cache) and
+    ``rerank > 0``, the index only proposes ``rerank`` candidates per query and their exact
+    scores decide the top k: how an IVF-PQ index keeps Flat's ranking while RAM holds only
+    its compressed codes.
+    """
+
+    def __init__(
+        self,
+        index: Any,
+        docs: Sequence[Document],
+        embedder: Embedder,
+        kind: str = "flat",
+        exact: np.ndarray | None = None,
+        rerank: int = 0,
+    ) -> None:
         if index.ntotal != len(docs):
             raise ConfigError(f"FAISS index holds {index.ntotal} vectors for {len(docs)} documents")
+        if exact is not None and exact.shape != (len(docs), index.d):
+            raise ConfigError(f"re-scoring vectors have shape {exact.shape}, the index needs ({len(docs)}, {index.d})")
         self.index = index
         self.docs = tuple(docs)
         self.embedder = embedder
         self.kind = kind
+        self.exact = exact
+        self.rerank = rerank if exact is not None else 0
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -78,7 +118,13 @@ class DenseRetriever(SharedBackend):
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """Top-k for query vectors already embedded (unit length, shape (n, dim))."""
-        scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), min(check_k(k), len(self.docs)))
+        k = min(check_k(k), len(self.docs))
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if self.rerank:
+            _, candidates = self.index.search(vectors, min(max(k, self.rerank), len(self.docs)))
+            scores, rows = rescore(self.exact, vectors, candidates, k)  # type: ignore[arg-type]
+        else:
+            scores, rows = self.index.search(vectors, k)
         return [
             [_hit(self.docs[row], score) for row, score in zip(row_list, score_list) if row >= 0]
             for row_list, score_list in zip(rows.tolist(), scores.tolist())
