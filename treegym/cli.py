@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "treegym.retrieval_index.data_cli",
     "treegym.envs.web.cli",
     "treegym.trainers.cli",
+    "treegym.trainers.sft_cli",
     "treegym.agents.cli_eval",
     "treegym.agents.cli_serve",
 ]

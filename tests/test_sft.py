@@ -1,0 +1,205 @@
+"""``treegym sft``: expert episodes in the RL context format, the masked loss, the saved model, bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+import treegym  # noqa: F401  (registers the env ids)
+from treegym.agents.policy import Generation, PolicyStats, SamplingParams
+from treegym.cli import main
+from treegym.errors import ConfigError, TreegymError
+from treegym.trainers.context import TokenContext
+from treegym.trainers.rollout import sample_chains
+from treegym.trainers.sft import SFTConfig, check_writable, example_loss, run_sft, train_examples
+from treegym.trainers.sft_data import (
+    ExpertEpisode,
+    ExpertError,
+    TraceFormatError,
+    collect_episodes,
+    episode_example,
+    make_expert,
+    read_traces,
+    select_examples,
+)
+
+pytest_plugins = ["model_fixtures"]  # the session-scoped `smollm2` fixture
+
+ENV_KWARGS = {"corpus_limit": 300, "index": "bm25", "max_turns": 2}
+
+
+@pytest.fixture(scope="module")
+def qa_env() -> gym.Env:
+    return gym.make("TreeSearchQA-v0", split="train", **ENV_KWARGS)
+
+
+@pytest.fixture(scope="module")
+def expert_episodes(qa_env: gym.Env) -> list[ExpertEpisode]:
+    ids = [it.id for it in qa_env.unwrapped.items[:3]]
+    return collect_episodes(qa_env, make_expert("heuristic", "TreeSearchQA-v0", 2), [{"task_id": t} for t in ids])
+
+
+class ReplayPolicy:
+    """Emits given action texts, one per call, as the sampler would have sampled them."""
+
+    def __init__(self, tokenizer: object, actions: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stats = PolicyStats()
+        self.actions = list(actions)
+
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        text = self.actions.pop(0)
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return [Generation(ids, (0.0,) * len(ids), text, "stop") for _ in contexts]
+
+
+def _actions(ep: ExpertEpisode) -> list[str]:
+    return [m["content"] for m in ep.messages if m["role"] == "assistant"]
+
+
+@pytest.mark.parametrize("mode", ["chat", "raw"])
+def test_example_is_the_rl_rollout_of_the_same_actions(mode: str, smollm2, qa_env, expert_episodes) -> None:
+    _, tokenizer = smollm2
+    ep = expert_episodes[0]
+    example = episode_example(TokenContext(tokenizer, mode), ep)
+    task = {"task_id": qa_env.unwrapped.items[0].id}  # the task expert_episodes[0] ran
+    batch = sample_chains(ReplayPolicy(tokenizer, _actions(ep)), qa_env, [task], 1, max_turns=2, mode=mode)
+    rollout = batch.rollouts[0]
+    assert list(example.token_ids) == rollout.token_ids
+    assert list(example.label_mask) == rollout.loss_mask
+
+
+@pytest.mark.parametrize("mode", ["chat", "raw"])
+def test_loss_mask_covers_exactly_the_expert_actions(mode: str, smollm2, expert_episodes) -> None:
+    _, tokenizer = smollm2
+    ep = expert_episodes[0]
+    example = episode_example(TokenContext(tokenizer, mode), ep)
+    labelled = [t for t, m in zip(example.token_ids, example.label_mask) if m]
+    assert tokenizer.decode(labelled) == "".join(_actions(ep))
+    spans = [tokenizer.decode(example.token_ids[a:b]) for a, b in example.action_spans]
+    assert spans == _actions(ep)
+    context = [t for t, m in zip(example.token_ids, example.label_mask) if not m]
+    unlabelled = tokenizer.decode(context)
+    assert "<information>" in unlabelled and "Question:" in unlabelled
+    decoded = tokenizer.decode(labelled)
+    assert "<information>" not in decoded and "Question:" not in decoded and "<|im_start|>" not in decoded
+
+
+def test_wrong_and_overlong_episodes_are_not_imitated(smollm2, expert_episodes) -> None:
+    _, tokenizer = smollm2
+    ctx = TokenContext(tokenizer, "chat")
+    right, wrong = expert_episodes[0], ExpertEpisode("w", expert_episodes[0].messages, em=0.0)
+    kept, dropped = select_examples(ctx, [right, wrong], only_correct=True, max_action_tokens=1000)
+    assert [e.episode_id for e in kept] == [right.episode_id] and dropped["wrong"] == 1
+    kept, dropped = select_examples(ctx, [right], only_correct=True, max_action_tokens=3)
+    assert kept == [] and dropped["too_long"] == 1
+
+
+def _short_episodes() -> list[ExpertEpisode]:
+    out = []
+    for name, year in (("Ada Lovelace", 1815), ("Alan Turing", 1912), ("Grace Hopper", 1906)):
+        out.append(ExpertEpisode(name, (
+            {"role": "user", "content": f"Question: In what year was {name} born?"},
+            {"role": "assistant", "content": f"<think>I need the passage about {name}.</think><search>{name}</search>"},
+            {"role": "user", "content": f"<information>Doc 1(Title: {name}) born {year}.</information>"},
+            {"role": "assistant", "content": f"<think>The passage gives the year.</think><answer>{year}</answer>"},
+        ), em=1.0))
+    return out
+
+
+def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
+    from treegym.agents.models import load_model
+
+    torch.manual_seed(0)
+    model, tokenizer = load_model("smollm2", device="cpu", dtype=torch.float32)  # a private copy: it is trained
+    examples = [episode_example(TokenContext(tokenizer, "chat"), ep) for ep in _short_episodes()]
+    before = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
+    cfg = SFTConfig(epochs=3, batch_size=3, micro_batch_size=2, lr=1e-4, warmup=0.0)
+    losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False)
+    after = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
+    assert len(losses) == 3
+    assert after < 0.7 * before
+
+
+def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:
+    from treegym.agents.resolve import resolve_agent
+    from treegym.trainers.config import load_config
+    from treegym.trainers.runtime import load_trainable_model
+
+    out = tmp_path / "sft"
+    cfg = SFTConfig(out=str(out), env_kwargs={"corpus_limit": 300}, episodes=2, epochs=1, batch_size=2,
+                    micro_batch_size=2, eval_n=0)
+    result = run_sft(cfg, progress=False, log=lambda _: None)
+    assert result.steps == 1 and result.examples >= 1
+    meta = json.loads((out / "sft.json").read_text())
+    assert meta["context_mode"] == "chat" and meta["examples"] == result.examples
+    assert (out / "model.safetensors").exists()
+    agent = resolve_agent(str(out), "TreeSearchQA-v0")
+    assert agent.is_policy
+    tokenizer = agent.obj.tokenizer
+    ctx = TokenContext(tokenizer, "chat").prompt_ids("Question: In what year was Ada Lovelace born?")
+    gen = agent.obj.generate([ctx], SamplingParams(temperature=0.0, max_new_tokens=4))[0]
+    assert len(gen.token_ids) >= 1
+    train_cfg = load_config(None, [("model", str(out)), ("model_opts.device", "cpu")])
+    model, _ = load_trainable_model(train_cfg, torch.device("cpu"))
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in agent.obj.model.parameters())
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+
+def test_empty_trace_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    path.write_text("\n")
+    with pytest.raises(TraceFormatError, match="no usable episode"):
+        read_traces(path)
+
+
+def test_malformed_trace_line_is_named(tmp_path: Path, expert_episodes) -> None:
+    path = tmp_path / "traces.jsonl"
+    good = json.dumps({"episode_id": "0", "em": 1.0, "messages": list(expert_episodes[0].messages)})
+    path.write_text(good + "\n{not json\n")
+    with pytest.raises(TraceFormatError, match="line 2"):
+        read_traces(path)
+    path.write_text(good + "\n" + json.dumps({"messages": [{"role": "assistant", "content": "x"}]}) + "\n")
+    with pytest.raises(TraceFormatError, match="line 2.*first message"):
+        read_traces(path)
+
+
+def test_traces_from_eval_are_read_back(tmp_path: Path) -> None:
+    from treegym.agents.eval import evaluate
+
+    evaluate("heuristic", "TreeSearchQA-v0", 2, split="dev", out=tmp_path, env_kwargs=ENV_KWARGS, progress=False)
+    episodes = read_traces(tmp_path)
+    assert len(episodes) == 2 and all(ep.messages[0]["role"] == "user" for ep in episodes)
+
+
+def test_unknown_expert_and_env_without_expert_are_clear_errors() -> None:
+    with pytest.raises(ExpertError, match="unknown expert 'genius'"):
+        make_expert("genius", "TreeSearchQA-v0", 2)
+    with pytest.raises(ExpertError, match="has no heuristic expert"):
+        make_expert("heuristic", "CartPole-v1", 2)
+
+
+def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(TreegymError, match="cannot write the output folder"):
+        check_writable(blocker / "out")
+
+
+def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("[1, 2]\n")
+    assert main(["sft", "--traces", str(path), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "Traceback" not in err
+    assert main(["sft", "--expert", "genius", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "unknown expert" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        run_sft(SFTConfig(out=str(tmp_path / "o"), epochs=0))
