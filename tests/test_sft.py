@@ -203,3 +203,14 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytes
     assert "unknown expert" in capsys.readouterr().err
     with pytest.raises(ConfigError):
         run_sft(SFTConfig(out=str(tmp_path / "o"), epochs=0))
+
+
+def test_cli_defaults_are_the_config_defaults() -> None:
+    from treegym.cli import build_parser
+
+    args = build_parser().parse_args(["sft"])
+    d = SFTConfig()
+    for name in ("out", "model", "env", "expert", "episodes", "epochs", "lr", "batch_size", "micro_batch_size",
+                 "max_turns", "max_new_tokens", "mode", "eval_n", "seed", "device"):
+        assert getattr(args, name) == getattr(d, name), name
+    assert (not args.keep_wrong) == d.only_correct and args.lora == d.lora

@@ -47,9 +47,11 @@ class SFTConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     expert: str = "heuristic"
     traces: str | None = None
-    episodes: int = 200
+    # 2 CPU cores run ~100-200 episode tokens/s forward+backward, and one episode is ~550
+    # tokens: 64 episodes, one epoch, is a few minutes, and enough to learn the format.
+    episodes: int = 64
     only_correct: bool = True
-    epochs: int = 2
+    epochs: int = 1
     lr: float = 1e-4
     batch_size: int = 8
     micro_batch_size: int = 4
@@ -193,7 +195,8 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
             order = list(range(len(examples)))
             rng.shuffle(order)
             for start in range(0, len(order), cfg.batch_size):
-                batch = [examples[i] for i in order[start : start + cfg.batch_size]]
+                # Longest first, so that each micro-batch pads to neighbours of similar length.
+                batch = sorted((examples[i] for i in order[start : start + cfg.batch_size]), key=lambda e: -len(e.token_ids))
                 n_labels = max(1, sum(e.n_labels for e in batch))
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
@@ -323,7 +326,9 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
         log(f"sft: before: EM {before.em:.3f}, well-formed actions {before.well_formed:.3f} ({before.n} {cfg.eval_split} prompts)")
     if cfg.lora:
         model = _with_lora(model, cfg)
+    t_train = time.perf_counter()
     losses = train_examples(model, examples, cfg, pad_id, device, progress)
+    log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score()
     if after is not None:
         log(f"sft: after:  EM {after.em:.3f}, well-formed actions {after.well_formed:.3f}")

@@ -30,7 +30,7 @@ gold supporting titles, which a model cannot see in its context.
 
 EXAMPLES = """\
 examples:
-  treegym sft --out runs/sft-smollm2               # ~200 heuristic episodes, 2 epochs (CPU: minutes)
+  treegym sft --out runs/sft-smollm2               # 64 heuristic episodes, 1 epoch (2 CPU cores: minutes)
   treegym train --model runs/sft-smollm2           # then RL from the warm-started model
   treegym eval --agent runs/sft-smollm2 --env TreeSearchQA-v0 --n 50
   treegym eval --agent oracle --env TreeSearchQA-v0 --split train --n 300 --out traces/
@@ -52,9 +52,9 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--env-kwargs", default=None, help='JSON of extra env arguments, e.g. \'{"corpus_limit": 300}\'')
     p.add_argument("--expert", default="heuristic", help="scripted expert: heuristic (default) or oracle")
     p.add_argument("--traces", default=None, help="read episodes from this traces.jsonl (or its folder) instead of running an expert")
-    p.add_argument("--episodes", type=int, default=200, help="expert episodes to run (default 200)")
+    p.add_argument("--episodes", type=int, default=64, help="expert episodes to run (default 64)")
     p.add_argument("--keep-wrong", action="store_true", help="also imitate episodes whose answer was wrong")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the episodes (default 2)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the episodes (default 1)")
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4; warm-up 10%%, linear decay)")
     p.add_argument("--batch-size", type=int, default=8, help="episodes per optimiser step (default 8)")
     p.add_argument("--micro-batch-size", type=int, default=4, help="episodes per forward/backward (default 4)")
