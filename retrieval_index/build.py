@@ -28,7 +28,7 @@ from treegym.retrieval_index.types import Retriever
 INDEX_TYPES = ("flat", "hnsw", "ivfpq", "bm25", "hybrid")
 DENSE_TYPES = ("flat", "hnsw", "ivfpq")
 EMBED_CHUNK = 512  # passages per encode() call: bounds memory and paces the progress bar
-RERANK_DEPTH = 100  # IVF-PQ candidates per query re-scored exactly from the embeddings on disk
+RERANK_DEPTH = 200  # IVF-PQ candidates per query re-scored exactly from the embeddings on disk
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,13 @@ def default_params(kind: str, count: int, dim: int) -> dict[str, Any]:
         nlist = max(1, min(round(math.sqrt(count)), count // 10))
         m = max(d for d in range(1, dim + 1) if dim % d == 0 and d <= max(1, dim // 8))
         nbits = max(1, min(8, int(math.log2(max(2, count // 4)))))
-        # PQ codes alone reorder close neighbours (recall@5 against Flat ~0.4-0.7 in
+        # PQ codes alone reorder close neighbours (recall@5 against Flat 0.5-0.6 in
         # benchmarks/bench_synthetic_scale.py); re-scoring RERANK_DEPTH candidates exactly from
-        # the cached embeddings on disk restores Flat's order at no cost in RAM.
-        return {"nlist": nlist, "m": m, "nbits": nbits, "nprobe": min(nlist, 16), "rerank": RERANK_DEPTH}
+        # the cached embeddings on disk restores Flat's order at no cost in RAM. Probing 1/16
+        # of the lists (at least 16) then gave recall@5 0.955 at 1M passages (stand-in vectors)
+        # and 0.979 at 20k (real MiniLM).
+        nprobe = min(nlist, max(16, nlist // 16))
+        return {"nlist": nlist, "m": m, "nbits": nbits, "nprobe": nprobe, "rerank": RERANK_DEPTH}
     return {}
 
 
