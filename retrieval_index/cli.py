@@ -12,7 +12,9 @@ from treegym.retrieval_index.store import read_manifest
 
 def _index_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", default="wiki", help="'wiki' (built-in, 10,033 Wikipedia leads) or a FlashRAG JSONL file")
-    parser.add_argument("--type", dest="index", default="flat", choices=INDEX_TYPES, help="index kind (default: flat)")
+    parser.add_argument("--type", dest="index", default="flat", choices=INDEX_TYPES,
+                        help="index kind (default: flat). ivfpq keeps only PQ codes in RAM and re-scores its top 200 "
+                        "candidates from the embeddings on disk: for corpora too large for flat (see README, Scaling)")
     parser.add_argument(
         "--embedder",
         default=DEFAULT_EMBEDDER,
