@@ -1,12 +1,16 @@
-"""What the QA envs share about their tasks: choosing one on reset, and when a step is allowed."""
+"""What the QA envs share about their tasks: choosing one on reset, when a step is allowed,
+and the bookkeeping of a turn that answers, runs out of budget, or ends."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from treegym.envs.core import StepResult
+from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError, TreegymError
 from treegym.retrieval_index.types import QAItem
 
@@ -29,3 +33,25 @@ def require_running(state: Any) -> None:
         raise TreegymError("step() before reset(): call env.reset() first")
     if state.done:
         raise TreegymError("step() after the episode ended: call env.reset()")
+
+
+def answer_turn(env: Any, state: Any, answer: str) -> tuple[Any, float, dict[str, Any]]:
+    """The state, reward and info of a turn that answers: the episode ends and is scored."""
+    state = replace(state, answer=answer, done=True)
+    reward, em, f1 = qa_reward(answer, state.item.answers, state.format_valid, env.reward_kind, env.format_score)
+    return state, reward, {"em": em, "f1": f1}
+
+
+def end_turn(
+    env: Any, state: Any, obs: str, reward: float, terminated: bool, invalid: bool, extra: dict[str, Any]
+) -> StepResult:
+    """Close a QA turn: past the turn budget the episode is truncated and still gets its
+    format reward (never an answer's); then the env takes the new state and reports it."""
+    truncated = not terminated and state.turn >= env.max_turns
+    if truncated:
+        state = replace(state, done=True)
+        reward = qa_reward(None, state.item.answers, state.format_valid, env.reward_kind, env.format_score)[0]
+    env.state = state
+    info = env._info(state, invalid=invalid)
+    info.update(extra)
+    return obs, reward, terminated, truncated, info

@@ -8,9 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
-from treegym.envs.qa_tasks import pick_item, require_running
+from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
-from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
@@ -185,10 +184,8 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         s = replace(s, turn=s.turn + 1, format_valid=s.format_valid and parsed.well_formed)
         reward, terminated, obs, extra = 0.0, False, "", {}
         if parsed.kind == "answer":
-            s = replace(s, answer=parsed.argument, done=True)
+            s, reward, extra = answer_turn(self, s, parsed.argument)
             terminated = True
-            reward, em, f1 = qa_reward(parsed.argument, s.item.answers, s.format_valid, self.reward_kind, self.format_score)
-            extra = {"em": em, "f1": f1}
         elif parsed.kind == "search":
             s = replace(s, tool_calls=s.tool_calls + 1)
             result = results[0]
@@ -203,14 +200,7 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
             s = replace(s, invalid_actions=s.invalid_actions + 1, format_valid=False)
             obs = INVALID_ACTION_MESSAGE
             extra = {"error": parsed.error}
-        truncated = not terminated and s.turn >= self.max_turns
-        if truncated:
-            s = replace(s, done=True)
-            reward = qa_reward(None, s.item.answers, s.format_valid, self.reward_kind, self.format_score)[0]
-        self.state = s
-        info = self._info(s, invalid=parsed.kind == "invalid")
-        info.update(extra)
-        return obs, reward, terminated, truncated, info
+        return end_turn(self, s, obs, reward, terminated, parsed.kind == "invalid", extra)
 
     def _info(self, s: QAState, invalid: bool) -> dict[str, Any]:
         return {

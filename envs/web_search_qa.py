@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
-from treegym.envs.qa_tasks import pick_item, require_running
+from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running
 from treegym.envs.react import parse_action
-from treegym.envs.rewards import qa_reward
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
 from treegym.envs.web.http import HttpConfig
@@ -244,10 +243,8 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         s = replace(s, turn=s.turn + 1, format_valid=s.format_valid and parsed.well_formed)
         reward, terminated, obs, extra = 0.0, False, "", {}
         if parsed.kind == "answer":
-            s = replace(s, answer=parsed.argument, done=True)
+            s, reward, extra = answer_turn(self, s, parsed.argument)
             terminated = True
-            reward, em, f1 = qa_reward(parsed.argument, s.item.answers, s.format_valid, self.reward_kind, self.format_score)
-            extra = {"em": em, "f1": f1}
         elif parsed.kind in ("search", "browse"):
             s = replace(s, tool_calls=s.tool_calls + 1)
             result = results[0]
@@ -272,14 +269,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         else:
             s = replace(s, invalid_actions=s.invalid_actions + 1, format_valid=False)
             obs, extra = INVALID_WEB_ACTION, {"error": parsed.error}
-        truncated = not terminated and s.turn >= self.max_turns
-        if truncated:
-            s = replace(s, done=True)
-            reward = qa_reward(None, s.item.answers, s.format_valid, self.reward_kind, self.format_score)[0]
-        self.state = s
-        info = self._info(s, invalid=parsed.kind == "invalid")
-        info.update(extra)
-        return obs, reward, terminated, truncated, info
+        return end_turn(self, s, obs, reward, terminated, parsed.kind == "invalid", extra)
 
     def _info(self, s: WebState, invalid: bool) -> dict[str, Any]:
         return {
