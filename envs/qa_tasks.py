@@ -1,9 +1,10 @@
-"""What the QA envs share about their tasks: choosing one on reset, when a step is allowed,
+"""What the QA envs share: per-process backends, choosing a task on reset, when a step is allowed,
 and the bookkeeping of a turn that answers, runs out of budget, or ends."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -13,6 +14,17 @@ from treegym.envs.core import StepResult
 from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError, TreegymError
 from treegym.retrieval_index.types import QAItem
+
+_SHARED: dict[tuple, Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple, build: Callable[[], Any]) -> Any:
+    """One retriever, dataset or backend per configuration per process, shared by every env and fork."""
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = build()
+        return _SHARED[key]
 
 
 def pick_item(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
-from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running
+from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
 from treegym.errors import ConfigError
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
@@ -41,18 +40,6 @@ class QAState:
     format_valid: bool = True
     answer: str | None = None
     tool_calls: int = 0
-
-
-_SHARED: dict[tuple, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared(key: tuple, build: Any) -> Any:
-    """One retriever / dataset per configuration per process, shared by every env and fork."""
-    with _SHARED_LOCK:
-        if key not in _SHARED:
-            _SHARED[key] = build()
-        return _SHARED[key]
 
 
 class TreeSearchQAEnv(ForkableEnv[QAState]):
@@ -129,7 +116,7 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         if corpus == "synthetic":
             from treegym.retrieval_index.synthetic import synthetic_world
 
-            world = _shared(("synthetic", synthetic_passages, seed or 0), lambda: synthetic_world(passages=synthetic_passages, seed=seed or 0))
+            world = shared(("synthetic", synthetic_passages, seed or 0), lambda: synthetic_world(passages=synthetic_passages, seed=seed or 0))
             corpus_path = str(world.corpus_path)
             if items is None and dataset is None:
                 items = world.questions(split, hops=hops)
@@ -137,14 +124,14 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
             from treegym.retrieval_index import open_retriever
 
             key = ("retriever", corpus_path, index, embedder, retriever_url, corpus_limit)
-            retriever = _shared(key, lambda: open_retriever(corpus=corpus_path, index=index, embedder=embedder, url=retriever_url, limit=corpus_limit))
+            retriever = shared(key, lambda: open_retriever(corpus=corpus_path, index=index, embedder=embedder, url=retriever_url, limit=corpus_limit))
         self.retriever = retriever
         self.tools = {"search": SearchTool(retriever, topk)}
 
         if items is None:
             from treegym.retrieval_index.qa import load_qa
 
-            items = _shared(("qa", dataset or "wiki", split, tuple(question_types or ())), lambda: load_qa(dataset or "wiki", split=split, types=question_types))
+            items = shared(("qa", dataset or "wiki", split, tuple(question_types or ())), lambda: load_qa(dataset or "wiki", split=split, types=question_types))
         items = list(items)
         if hops is not None and corpus != "synthetic":
             items = [it for it in items if it.hops == hops]
@@ -152,7 +139,7 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         if retriever_url is None:
             from treegym.retrieval_index import load_corpus_docs
 
-            docs = _shared(("docs", corpus_path, corpus_limit), lambda: load_corpus_docs(corpus_path, corpus_limit))
+            docs = shared(("docs", corpus_path, corpus_limit), lambda: load_corpus_docs(corpus_path, corpus_limit))
             titles = {d.id: d.title for d in docs}
             if corpus_limit is not None:
                 items = [it for it in items if it.supporting_ids and set(it.supporting_ids) <= titles.keys()]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
-from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running
+from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
 from treegym.envs.react import parse_action
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
@@ -61,17 +60,6 @@ class WebState:
     tool_errors: int = 0
     queries: tuple[str, ...] = ()
     visited: tuple[tuple[str, int], ...] = ()  # (url, part) in the order read
-
-
-_SHARED: dict[tuple, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def _shared(key: tuple, build: Any) -> Any:
-    with _SHARED_LOCK:
-        if key not in _SHARED:
-            _SHARED[key] = build()
-        return _SHARED[key]
 
 
 def format_results(query: str, results: Sequence[SearchResult]) -> str:
@@ -196,7 +184,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         # Envs with the same configuration share their tools, so an EnvPool sends all their
         # requests in one concurrent batch (it batches calls per tool object).
         key = ("tools", backend.name, topk, self.http, id(self.cache))
-        self.tools = _shared(key, lambda: {
+        self.tools = shared(key, lambda: {
             "search": SearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
             "browse": BrowseTool(shared_fetcher(self.http), self.cache),
         })
@@ -206,7 +194,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
 
             items = synthetic_world(passages=synthetic_passages, seed=0).questions(split)
         if items is None:
-            items = _shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_items(dataset, split, question_types))
+            items = shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_items(dataset, split, question_types))
         self.items: tuple[QAItem, ...] = tuple(items)
         if not self.items:
             raise ConfigError(f"no questions in dataset {dataset!r}, split {split!r}, types {question_types}")
