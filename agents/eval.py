@@ -59,6 +59,7 @@ class EpisodeScore:
     turns: int
     tool_calls: int
     error: str | None
+    answered_task: bool = True  # the env has answer strings (EM/F1 mean something)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class EvalReport:
         """The human-readable table ``treegym eval`` prints."""
         rows = [("EM", self.em), ("F1", self.f1), ("success", self.success), ("reward", self.reward),
                 ("turns", self.turns), ("tool calls", self.tool_calls)]
+        if self.scores and not any(sc.answered_task for sc in self.scores):
+            rows = rows[2:]  # e.g. household tasks: no answer string, so EM/F1 would read as a misleading 0
         head = f"{self.agent} on {self.env_id}: {self.n} episodes, {len(self.errors)} failed"
         lines = [head, f"{'metric':<12}{'mean':>8}   95% interval", "-" * 36]
         lines += [f"{name:<12}{iv.mean:>8.3f}   [{iv.low:.3f}, {iv.high:.3f}]" for name, iv in rows]
@@ -128,7 +131,8 @@ def score_episode(ep: Episode) -> EpisodeScore:
         success = em
     else:
         success = float(ep.reward > 0)
-    return EpisodeScore(ep.episode_id, em, f1, success, ep.reward, ep.turns, ep.tool_calls, ep.error)
+    answered = "em" in info or "answers" in info
+    return EpisodeScore(ep.episode_id, em, f1, success, ep.reward, ep.turns, ep.tool_calls, ep.error, answered)
 
 
 def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[str, str] | None = None) -> EvalReport:

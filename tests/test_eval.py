@@ -109,6 +109,16 @@ def test_household_oracle_is_wired_to_the_expert_walkthrough():
     assert hasattr(agent, "act") and hasattr(agent, "begin")
 
 
+def test_household_report_shows_success_and_no_em_row():
+    agent = resolve_agent("oracle", "TextHousehold-v0").obj
+    report = evaluate(agent, "TextHousehold-v0", 2, split="unseen", progress=False)
+    table = report.table()
+    assert report.success.mean == 1.0 and "success" in table
+    assert "\nEM " not in table and "\nF1 " not in table
+    qa = evaluate(FailsOnSecondEpisode(), "TreeSearchQA-v0", 1, env_kwargs=QA_KWARGS, progress=False)
+    assert "\nEM " in qa.table() and "\nF1 " in qa.table()
+
+
 def test_wilson_interval_stays_in_the_unit_interval_and_brackets_the_rate():
     iv = wilson_interval([1, 1, 1])
     assert iv.mean == 1.0 and 0.4 < iv.low < 1.0 and iv.high == 1.0
