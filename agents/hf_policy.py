@@ -79,7 +79,8 @@ class HFPolicy:
         self.device = next(model.parameters()).device
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        # Public: a trainer's checkpoint saves and restores this stream for exact resume.
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()
         # transformers 5.x names the argument `cache` (`past_key_values` is a deprecated alias).
         params = inspect.signature(model.forward).parameters
@@ -122,7 +123,7 @@ class HFPolicy:
             )
         if not 0.0 < params.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {params.top_p}")
-        generator = self._generator
+        generator = self.generator
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         out: list[Generation] = []

@@ -185,8 +185,8 @@ def make_policy(model: torch.nn.Module, tokenizer: Any, seed: int) -> Any:
 
 
 def policy_generators(policy: Any) -> dict[str, torch.Generator]:
-    """The policy's private sampling generator, so that checkpoints capture its stream."""
-    g = getattr(policy, "generator", None) or getattr(policy, "_generator", None)
+    """The policy's sampling generator (``policy.generator``), so that checkpoints capture its stream."""
+    g = getattr(policy, "generator", None)
     return {"policy": g} if isinstance(g, torch.Generator) else {}
 
 
