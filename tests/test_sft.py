@@ -119,11 +119,11 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
     model, tokenizer = load_model("smollm2", device="cpu", dtype=torch.float32)  # a private copy: it is trained
     examples = [episode_example(TokenContext(tokenizer, "chat"), ep) for ep in _short_episodes()]
     before = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
-    cfg = SFTConfig(epochs=3, batch_size=3, micro_batch_size=2, lr=1e-4, warmup=0.0)
+    cfg = SFTConfig(epochs=2, batch_size=3, micro_batch_size=3, lr=1e-4, warmup=0.0)
     losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False)
     after = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
-    assert len(losses) == 3
-    assert after < 0.7 * before
+    assert len(losses) == 2
+    assert after < 0.8 * before
 
 
 def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:
