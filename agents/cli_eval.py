@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from treegym.agents.policy import SamplingParams
-from treegym.errors import ConfigError
+from treegym.cli import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
@@ -47,14 +47,7 @@ def add_commands(subparsers: Any) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from treegym.agents.eval import evaluate, report_dict
 
-    env_kwargs = None
-    if args.env_kwargs:
-        try:
-            env_kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--env-kwargs is not valid JSON: {exc}") from exc
-        if not isinstance(env_kwargs, dict):
-            raise ConfigError("--env-kwargs must be a JSON object")
+    env_kwargs = json_object_option(args.env_kwargs) or None
     report = evaluate(
         args.agent, args.env, args.n, split=args.split, seed=args.seed, out=args.out, trees=args.trees,
         env_kwargs=env_kwargs, max_turns=args.max_turns,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from treegym.errors import ConfigError
+from treegym.cli import json_object_option
 
 DESCRIPTION = """\
 Supervised warm start before RL. An untrained small model rarely writes a well-formed
@@ -73,14 +72,7 @@ def add_commands(subparsers: Any) -> None:
 def run_sft_command(args: argparse.Namespace) -> int:
     from treegym.trainers.sft import SFTConfig, run_sft
 
-    env_kwargs: dict[str, Any] = {}
-    if args.env_kwargs:
-        try:
-            env_kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--env-kwargs is not valid JSON: {exc}") from exc
-        if not isinstance(env_kwargs, dict):
-            raise ConfigError("--env-kwargs must be a JSON object")
+    env_kwargs: dict[str, Any] = json_object_option(args.env_kwargs)
     cfg = SFTConfig(
         out=args.out, model=args.model, env=args.env, env_kwargs=env_kwargs, expert=args.expert,
         traces=args.traces, episodes=args.episodes, only_correct=not args.keep_wrong, epochs=args.epochs,

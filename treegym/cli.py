@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 
-from treegym.errors import TreegymError
+from treegym.errors import ConfigError, TreegymError
 
 # Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
 COMMAND_MODULES = [
@@ -21,6 +22,19 @@ COMMAND_MODULES = [
     "treegym.agents.cli_eval",
     "treegym.agents.cli_serve",
 ]
+
+
+def json_object_option(text: str | None, flag: str = "--env-kwargs") -> dict:
+    """A command-line option that holds a JSON object (e.g. ``--env-kwargs '{"index": "bm25"}'``)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
