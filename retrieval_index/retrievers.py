@@ -64,14 +64,13 @@ def rescore(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k:
     """
     valid = candidates >= 0
     rows = np.unique(candidates[valid])
-    block = np.asarray(vectors[rows], dtype=np.float32)
-    positions = np.searchsorted(rows, np.where(valid, candidates, rows[0] if len(rows) else 0))
-    depth = candidates.shape[1]
     scores = np.full(candidates.shape, -np.inf, dtype=np.float32)
-    for i, query in enumerate(np.asarray(queries, dtype=np.float32)):
-        if len(rows):
+    if len(rows):
+        block = np.asarray(vectors[rows], dtype=np.float32)
+        positions = np.searchsorted(rows, np.where(valid, candidates, rows[0]))
+        for i, query in enumerate(np.asarray(queries, dtype=np.float32)):
             scores[i] = np.where(valid[i], block[positions[i]] @ query, -np.inf)
-    top = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, depth)]
+    top = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, candidates.shape[1])]
     best = np.take_along_axis(scores, top, axis=1)
     ids = np.where(np.isfinite(best), np.take_along_axis(candidates, top, axis=1), -1)
     return best, ids
