@@ -240,7 +240,7 @@ def evaluate(
     params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
     out_dir = Path(out) if out is not None else None
     files: dict[str, str] = {}
-    bar = _progress(n, f"eval {resolved.name}", progress)
+    bar = progress_bar(n, f"eval {resolved.name}", progress)
     try:
         if resolved.is_policy:
             episodes = _run_policy(resolved.obj, env, prompts, params, max_turns, mode, batch_size, bar)
@@ -346,7 +346,8 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _progress(total: int, desc: str, enabled: bool) -> Any:
+def progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A tqdm bar counting episodes, or None when progress is off."""
     if not enabled:
         return None
     from tqdm.auto import tqdm

@@ -135,13 +135,7 @@ def load_trainable_model(cfg: TrainConfig, device: torch.device) -> tuple[torch.
 
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
     if cfg.model_opts.lora:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise MissingPackageError("peft", "LoRA training (model_opts.lora=true)", "pip install 'treegym[lora]'") from exc
-        lora = LoraConfig(r=cfg.model_opts.lora_r, lora_alpha=cfg.model_opts.lora_alpha,
-                          target_modules="all-linear", task_type="CAUSAL_LM")
-        model = get_peft_model(model, lora)
+        model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA training (model_opts.lora=true)")
     if cfg.model_opts.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -149,6 +143,16 @@ def load_trainable_model(cfg: TrainConfig, device: torch.device) -> tuple[torch.
     # policy that sampled (SmolLM2 has none anyway).
     model.eval()
     return model, tokenizer
+
+
+def with_lora(model: torch.nn.Module, r: int, alpha: int, purpose: str) -> torch.nn.Module:
+    """``model`` with LoRA adapters on every linear layer (peft); only the adapters train."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise MissingPackageError("peft", purpose, "pip install 'treegym[lora]'") from exc
+    lora = LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:

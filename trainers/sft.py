@@ -326,7 +326,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
     if before is not None:
         log(f"sft: before: EM {before.em:.3f}, well-formed actions {before.well_formed:.3f} ({before.n} {cfg.eval_split} prompts)")
     if cfg.lora:
-        model = _with_lora(model, cfg)
+        model = rt.with_lora(model, cfg.lora_r, cfg.lora_alpha, "LoRA SFT (--lora)")
     t_train = time.perf_counter()
     losses = train_examples(model, examples, cfg, pad_id, device, progress)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
@@ -352,14 +352,3 @@ def _validate(cfg: SFTConfig) -> None:
         raise ConfigError(f"--eval-n must be >= 0, got {cfg.eval_n}")
     if cfg.mode not in ("auto", "chat", "raw"):
         raise ConfigError(f"--mode must be auto, chat or raw, got {cfg.mode!r}")
-
-
-def _with_lora(model: torch.nn.Module, cfg: SFTConfig) -> torch.nn.Module:
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as exc:
-        from treegym.errors import MissingPackageError
-
-        raise MissingPackageError("peft", "LoRA SFT (--lora)", "pip install 'treegym[lora]'") from exc
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)

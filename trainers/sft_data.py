@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from treegym.agents.base import Message
+from treegym.agents.eval import progress_bar
 from treegym.agents.run import run_episode
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.context import TokenContext
@@ -81,7 +82,7 @@ def make_expert(name: str, env_id: str, max_turns: int) -> Any:
 
 def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress: bool = False) -> list[ExpertEpisode]:
     """Run ``expert`` on each prompt (reset options or a seed) of ``env``; failed episodes are skipped."""
-    bar = _bar(len(prompts), "expert episodes", progress)
+    bar = progress_bar(len(prompts), "expert episodes", progress)
     out: list[ExpertEpisode] = []
     for prompt in prompts:
         seed, options = (None, dict(prompt)) if isinstance(prompt, dict) else (prompt, None)
@@ -187,11 +188,3 @@ def select_examples(
             continue
         kept.append(ex)
     return kept, dropped
-
-
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ep")
