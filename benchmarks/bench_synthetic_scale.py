@@ -190,15 +190,6 @@ def _build(kind: str, vectors: np.ndarray, params: dict):  # noqa: ANN202
     return index
 
 
-def _set_search(index, kind: str, params: dict) -> None:  # noqa: ANN001
-    import faiss
-
-    if kind == "hnsw":
-        index.hnsw.efSearch = params["efSearch"]
-    elif kind == "ivfpq":
-        faiss.extract_index_ivf(index).nprobe = params["nprobe"]
-
-
 def _anon_rss_mb() -> float:
     """Anonymous resident memory now: the index itself, without the page cache that a
     memory-mapped vector file adds to VmHWM when it is read for re-scoring."""
@@ -212,6 +203,7 @@ def measure(kind: str, vectors_path: str, queries: np.ndarray, params: dict, sin
     """Runs in a spawned child: build, size, QPS, top-5 ids; peak RSS is this process's own."""
     import faiss
 
+    from treegym.retrieval_index.build import apply_search_params
     from treegym.retrieval_index.retrievers import rescore, use_blas_for_batches
 
     use_blas_for_batches()  # as the library's retrievers do: batched Flat search through BLAS
@@ -225,7 +217,7 @@ def measure(kind: str, vectors_path: str, queries: np.ndarray, params: dict, sin
     size = faiss.serialize_index(index).nbytes
     results = {}
     for variant in params.get("search_variants", [params]):
-        _set_search(index, kind, variant)
+        apply_search_params(index, kind, variant)
         rerank = variant.get("rerank", 0)
 
         def search(q: np.ndarray, rerank: int = rerank) -> np.ndarray:

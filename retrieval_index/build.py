@@ -171,7 +171,8 @@ def make_faiss_index(vectors: np.ndarray, kind: str, params: dict[str, Any]) -> 
     return index
 
 
-def _apply_search_params(index: Any, kind: str, params: dict[str, Any]) -> None:
+def apply_search_params(index: Any, kind: str, params: dict[str, Any]) -> None:
+    """Search-time knobs of a built index: HNSW efSearch, IVF nprobe (defaults when absent)."""
     import faiss
 
     if kind == "hnsw":
@@ -248,7 +249,7 @@ def load_dense(folder: Path, corpus: Corpus, kind: str, embedder: str | Embedder
         raise IndexFormatError(f"FAISS cannot read {folder / 'index.faiss'} ({exc}); rebuild it with `{rebuild}`") from exc
     if index.ntotal != manifest.count or index.d != manifest.dim:
         raise IndexFormatError(f"{folder / 'index.faiss'} does not match its manifest; rebuild it with `{rebuild}`")
-    _apply_search_params(index, kind, manifest.params)
+    apply_search_params(index, kind, manifest.params)
     rerank = int(manifest.params.get("rerank", 0)) if kind == "ivfpq" else 0
     exact = _rescoring_vectors(corpus, model, rebuild) if rerank else None
     return DenseRetriever(index, corpus.docs, model, kind, exact=exact, rerank=rerank)
