@@ -298,7 +298,7 @@ class HFPolicy:
     ) -> Generation | None:
         """The row's Generation if this token ends it (EOS, stop string, length), else None."""
         ids = tokens[row]
-        if token in self.eos_ids:
+        if token in self.eos_ids and not params.ignore_eos:
             text = self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
             return Generation(tuple(ids), tuple(logprobs[row]), text, "stop")
         text = self.tokenizer.decode(ids, skip_special_tokens=False)

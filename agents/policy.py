@@ -24,6 +24,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = STOP_STRINGS
     seed: int | None = None
+    # EOS does not end the turn: every turn is exactly max_new_tokens long (stop strings still
+    # apply). For fixed-length workloads: probe tasks and throughput checks.
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ class VLLMPolicy:
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's own log-prob only
             seed=params.seed,
+            ignore_eos=params.ignore_eos,
         )
         prompts = [{"prompt_token_ids": [int(t) for t in c]} for c in contexts]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)

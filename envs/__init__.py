@@ -19,7 +19,9 @@ def register_envs() -> None:
         "WebSearchQA-v0": "treegym.envs.web_search_qa:WebSearchQAEnv",
         "TextHousehold-v0": "treegym.envs.household.env:TextHouseholdEnv",
     }
-    for env_id, entry_point in entries.items():
+    from treegym.envs.probes import PROBE_IDS
+
+    for env_id, entry_point in {**entries, **PROBE_IDS}.items():
         if env_id not in gym.registry:
             # The env owns its turn budget (max_turns), so no TimeLimit wrapper.
             gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)

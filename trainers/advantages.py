@@ -141,27 +141,64 @@ def _prompts(rollouts: Sequence[Rollout]) -> Tensor:
     return torch.tensor([r.prompt_index for r in rollouts], dtype=torch.int64)
 
 
-def grpo(rollouts: Sequence[Rollout], *, use_std: bool = True, **_: object) -> TokenAdvantages:
+def grpo(rollouts: Sequence[Rollout], *, use_std: bool = True) -> TokenAdvantages:
     """GRPO: every action token of a rollout gets its group-normalised reward (group = prompt)."""
     return _broadcast(rollouts, group_normalize(_rewards(rollouts), _prompts(rollouts), use_std=use_std))
 
 
-def dr_grpo(rollouts: Sequence[Rollout], **_: object) -> TokenAdvantages:
+def dr_grpo(rollouts: Sequence[Rollout]) -> TokenAdvantages:
     """Dr. GRPO: GRPO without the std division."""
     return grpo(rollouts, use_std=False)
 
 
-def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", **_: object) -> TokenAdvantages:
-    """Tree-GRPO: the leaf's advantage applies to every action token on its root-to-leaf path."""
+PREFIX_CREDITS = ("per_leaf", "per_turn")
+
+
+def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", prefix_credit: str = "per_leaf") -> TokenAdvantages:
+    """Tree-GRPO: the leaf's advantage applies to every action token on its root-to-leaf path.
+
+    ``prefix_credit``: ``per_leaf`` (the reference) trains a turn shared by j kept leaves j
+    times, once in each; ``per_turn`` weights its tokens 1/j, so that the turn is trained once
+    with the mean of those leaves' advantages (the weights TreeOPSD uses).
+    """
+    if prefix_credit not in PREFIX_CREDITS:
+        raise ConfigError(f"prefix_credit {prefix_credit!r} is not one of: {', '.join(PREFIX_CREDITS)}")
     trees = torch.tensor([r.tree_index for r in rollouts], dtype=torch.int64)
-    return _broadcast(rollouts, tree_grpo_advantages(_rewards(rollouts), _prompts(rollouts), trees, mode=mode))
+    out = _broadcast(rollouts, tree_grpo_advantages(_rewards(rollouts), _prompts(rollouts), trees, mode=mode))
+    if prefix_credit == "per_leaf":
+        return out
+    _, _, _, _, index = tree_structure(rollouts)
+    return TokenAdvantages(out.advantages, _turn_weights(rollouts, index), out.per_rollout)
 
 
-def tree_structure(rollouts: Sequence[Rollout]) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[tuple[int, int, int], int]]:
+def _turn_weights(rollouts: Sequence[Rollout], index: dict[tuple[int, int, int], int]) -> list[Tensor]:
+    """Per-token 1/multiplicity: a turn shared by j kept rollouts counts once in the loss."""
+    multiplicity: dict[int, int] = {}
+    for r in rollouts:
+        for node in r.node_path:
+            i = index[(r.prompt_index, r.tree_index, node)]
+            multiplicity[i] = multiplicity.get(i, 0) + 1
+    weights = []
+    for r in rollouts:
+        flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
+        turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
+        on = torch.tensor(r.loss_mask, dtype=torch.bool) & (turn >= 0)
+        w = torch.ones(len(turn))
+        if on.any():
+            mult = torch.tensor([float(multiplicity[i]) for i in flat])
+            w[on] = 1.0 / mult[turn[on]]
+        weights.append(w)
+    return weights
+
+
+def tree_structure(
+    rollouts: Sequence[Rollout], *, prompt_root: bool = False
+) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[tuple[int, int, int], int]]:
     """The subtree spanned by the kept rollouts, as flat tensors.
 
     Returns (parent, leaf_reward, is_leaf, prompt_of_node, index) where ``index`` maps
-    (prompt, tree, node id) -> flat index; one virtual root per (prompt, tree). Only kept
+    (prompt, tree, node id) -> flat index; one virtual root per (prompt, tree), or with
+    ``prompt_root`` one per prompt, shared by its m trees (keyed (prompt, -1, -1)). Only kept
     leaves are counted, so V backs up over exactly the trajectories that are trained on.
     """
     index: dict[tuple[int, int, int], int] = {}
@@ -170,7 +207,7 @@ def tree_structure(rollouts: Sequence[Rollout]) -> tuple[Tensor, Tensor, Tensor,
     leaf: list[bool] = []
     prompt_of: list[int] = []
     for r in rollouts:
-        root = (r.prompt_index, r.tree_index, -1)
+        root = (r.prompt_index, -1, -1) if prompt_root else (r.prompt_index, r.tree_index, -1)
         if root not in index:
             index[root] = len(parent)
             parent.append(-1)
@@ -200,25 +237,53 @@ def tree_structure(rollouts: Sequence[Rollout]) -> tuple[Tensor, Tensor, Tensor,
     )
 
 
-def treeopsd(rollouts: Sequence[Rollout], *, normalize_std: bool = False, eps: float = EPS, **_: object) -> TokenAdvantages:
+OPSD_ROOTS = ("tree", "prompt")
+
+
+def treeopsd(
+    rollouts: Sequence[Rollout],
+    *,
+    normalize_std: bool = False,
+    root: str = "tree",
+    fallback: bool = False,
+    eps: float = EPS,
+) -> TokenAdvantages:
     """TreeOPSD turn credit: back rewards up the tree, credit each turn by V(child) - V(parent).
 
     Every action token of a turn gets that turn's credit. A turn shared by several kept
     trajectories appears once in each of them; its tokens are weighted 1/multiplicity so that
     every turn counts once in the loss. ``normalize_std`` divides credits by the std of the
     prompt group's rewards.
+
+    The credit's shape:
+      - ``root="tree"`` (the reading so far): each (prompt, tree) has its own virtual root,
+        so a tree's first turn is credited against its own mean, which is 0 whenever the
+        root was never expanded;
+      - ``root="prompt"``: the m trees of a prompt hang from one root whose value is the mean
+        reward of the prompt's kept leaves, the GRPO baseline (AgentOPSD's V0);
+      - ``fallback``: a turn whose parent has one child (nothing to compare it with) gets
+        V(c) - V0 instead of 0, so an unbranched chain trains like GRPO.
     """
-    parent, reward, is_leaf, _, index = tree_structure(rollouts)
-    credit = turn_credit(parent, backed_up_values(parent, reward, is_leaf))
+    if root not in OPSD_ROOTS:
+        raise ConfigError(f"treeopsd root {root!r} is not one of: {', '.join(OPSD_ROOTS)}")
+    parent, reward, is_leaf, prompt_of, index = tree_structure(rollouts, prompt_root=root == "prompt")
+    value = backed_up_values(parent, reward, is_leaf)
+    rewards, prompts = _rewards(rollouts), _prompts(rollouts)
+    v0 = {int(p): float(rewards[prompts == p].mean()) for p in prompts.unique()}
+    prompt_value = torch.tensor([v0[int(p)] for p in prompt_of], dtype=torch.float64)
+    if root == "prompt":
+        value = torch.where(parent < 0, prompt_value, value)
+    credit = turn_credit(parent, value)
+    if fallback:
+        children = torch.zeros(len(parent), dtype=torch.int64).index_add_(
+            0, parent.clamp(min=0), (parent >= 0).to(torch.int64))
+        only_child = (parent >= 0) & (children[parent.clamp(min=0)] == 1)
+        credit = torch.where(only_child, (value - prompt_value).to(torch.float32), credit)
     if normalize_std:
-        _, std = group_stats(_rewards(rollouts), _prompts(rollouts))
+        _, std = group_stats(rewards, prompts)
         scale: dict[int, float] = {r.prompt_index: float(s) for r, s in zip(rollouts, std)}
-    multiplicity: dict[int, int] = {}
-    for r in rollouts:
-        for node in r.node_path:
-            i = index[(r.prompt_index, r.tree_index, node)]
-            multiplicity[i] = multiplicity.get(i, 0) + 1
-    advs, weights, summary = [], [], []
+    weights = _turn_weights(rollouts, index)
+    advs, summary = [], []
     for r in rollouts:
         flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
         per_turn = credit[flat] if flat else torch.zeros(0)
@@ -227,13 +292,9 @@ def treeopsd(rollouts: Sequence[Rollout], *, normalize_std: bool = False, eps: f
         turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
         on = (torch.tensor(r.loss_mask, dtype=torch.bool)) & (turn >= 0)
         adv = torch.zeros(len(turn))
-        w = torch.ones(len(turn))
         if on.any():
             adv[on] = per_turn[turn[on]].to(torch.float32)
-            mult = torch.tensor([float(multiplicity[i]) for i in flat])
-            w[on] = 1.0 / mult[turn[on]]
         advs.append(adv)
-        weights.append(w)
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
     return TokenAdvantages(advs, weights, torch.tensor(summary))
 

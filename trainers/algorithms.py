@@ -44,8 +44,8 @@ def advantage_kwargs(algo: Algorithm, cfg: TrainConfig) -> dict[str, Any]:
     a = cfg.advantage
     return {
         "grpo": {"use_std": a.use_std},
-        "tree-grpo": {"mode": a.tree_mode},
-        "treeopsd": {"normalize_std": a.normalize_std},
+        "tree-grpo": {"mode": a.tree_mode, "prefix_credit": a.prefix_credit},
+        "treeopsd": {"normalize_std": a.normalize_std, "root": a.opsd_root, "fallback": a.opsd_fallback},
     }.get(algo.advantage, {})
 
 

@@ -36,10 +36,12 @@ class SamplerConfig:
     expand_nodes: int = opt(2, "nodes expanded per round (n)")
     rounds: int = opt(1, "expansion rounds (l)")
     leaves: int = opt(3, "leaves kept per tree (k)")
-    expansion: str = opt("with_replacement", "how nodes to expand are drawn", ["with_replacement", "without_replacement"])
+    expansion: str = opt("with_replacement", "how nodes to expand are drawn (with_replacement = the reference)",
+                         ["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"])
     temperature: float = opt(1.0, "sampling temperature")
     top_p: float = opt(1.0, "nucleus sampling mass")
     max_new_tokens: int = opt(48, "max tokens per turn")
+    ignore_eos: bool = opt(False, "EOS does not end a turn: every turn is max_new_tokens long (probe tasks)")
     max_turns: int = opt(2, "the env's turn budget")
     context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
@@ -50,6 +52,9 @@ class AdvantageConfig:
     tree_mode: str = opt("inter+intra", "Tree-GRPO normalisation", ["inter+intra", "intra", "prompt-then-tree"])
     use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
     normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
+    prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", ["per_leaf", "per_turn"])
+    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", ["tree", "prompt"])
+    opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
 
 
 @dataclass
@@ -95,6 +100,8 @@ class RunConfig:
     eval_n: int = opt(8, "held-out prompts for EM before/after (0 = skip)")
     eval_split: str = opt("dev", "split used for evaluation")
     eval_temperature: float = opt(0.0, "sampling temperature for EM before/after (0 = greedy)")
+    eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_em_t1)")
+    plots: bool = opt(True, "write plots of the metrics at the end of the run")
     eval_every: int = opt(0, "steps between held-out EM evaluations during training (0 = before/after only)")
     train_split: str = opt("train", "split used for training prompts")
     tensorboard: bool = opt(True, "write TensorBoard events")

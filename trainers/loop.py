@@ -99,7 +99,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
     if mode == "auto":
         mode = "chat" if getattr(tokenizer, "chat_template", None) else "raw"
     sampling = SamplingParams(temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p,
-                              max_new_tokens=cfg.sampler.max_new_tokens)
+                              max_new_tokens=cfg.sampler.max_new_tokens, ignore_eos=cfg.sampler.ignore_eos)
     advantage_fn, adv_kwargs = get_advantage(algo.advantage), advantage_kwargs(algo, cfg)
     loss_fn, l_kwargs = get_policy_loss(algo.loss), loss_kwargs(algo, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -114,14 +114,25 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
             return sample_trees(policy, env_, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves,
                                 params=params, expansion=s.expansion, seed=step_seed, **common)
 
-    def evaluate() -> float | None:
+    def evaluate(temperature: float = cfg.run.eval_temperature) -> float | None:
         if eval_env is None:
             return None
         prompts = rt.eval_prompts(rt.task_ids(eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
-        params = SamplingParams(temperature=cfg.run.eval_temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens)
+        params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens,
+                                ignore_eos=cfg.sampler.ignore_eos)
         got = rollout(eval_env, prompts, 0, group=1, params=params).rollouts if prompts else []
         hits, n = rt.all_sum([sum(_em(r) for r in got), len(got)], dist, device)
         return hits / max(n, 1.0)
+
+    def log_eval(step: int, em: float | None) -> None:
+        """Log held-out EM (and, with run.eval_sampled, EM at temperature 1 as eval_em_t1)."""
+        if em is None:
+            return
+        row = {"eval_em": em, "tokens_total": state.tokens_total}
+        if cfg.run.eval_sampled:
+            row["eval_em_t1"] = evaluate(1.0)
+        if log is not None:
+            log.log(step, row)
 
     # ---- resume ------------------------------------------------------------------------------
     state = TrainState()
@@ -135,8 +146,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     if "em_before" not in state.extra:
         state.extra["em_before"] = evaluate()
-        if log is not None and state.extra["em_before"] is not None:
-            log.log(0, {"eval_em": state.extra["em_before"], "tokens_total": 0})
+        log_eval(0, state.extra["em_before"])
 
     # ---- the loop ----------------------------------------------------------------------------
     bar = tqdm(total=cfg.steps, initial=state.step, desc=f"{cfg.algo} on {cfg.env}", disable=not (progress and dist.main))
@@ -217,7 +227,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                         break
                     loss.backward()
                     if micro:
-                        for key in ("pg_loss", "pg_loss1", "pg_loss2", "approx_kl", "clipfrac", "ratio_mean"):
+                        for key in ("pg_loss", "pg_loss1", "pg_loss2", "approx_kl", "clipfrac", "ratio_mean", "pg_weight"):
                             _add(stats, key, getattr(out, key).item())
                         _add(stats, "entropy", (entropy * mask).sum().item() / max(mask.sum().item(), 1.0))
                 if nonfinite:
@@ -264,6 +274,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
             "tool_calls": int(totals[6]), "env_steps": int(totals[7]), "tokens_total": state.tokens_total,
             "logprob_gap": totals[8] / dist.world, "action_tokens_per_traj": totals[9] / n,
             "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
+            "zero_adv_frac": _zero_share(adv.advantages, rollouts),
             "skipped": int(nonfinite), "time_sample": t_sample, "time_step": time.time() - t0, "cpu_step": time.process_time() - cpu0,
             **{k: sum(v) / len(v) for k, v in stats.items()},
         }
@@ -277,9 +288,7 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
         # 7. held-out EM now and then; checkpoint (every process contributes its RNG stream)
         finished = state.step >= cfg.steps or _budget_spent(cfg, state)
         if cfg.run.eval_every and state.step % cfg.run.eval_every == 0 and not finished:
-            em = evaluate()
-            if log is not None and em is not None:
-                log.log(state.step, {"eval_em": em, "tokens_total": state.tokens_total})
+            log_eval(state.step, evaluate())
         if (cfg.run.save_every and state.step % cfg.run.save_every == 0) or finished:
             rngs = rt.gather_objects(rng_state(generators), dist)
             if dist.main:
@@ -288,16 +297,16 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
 
     # ---- after training: EM after, plots, trees, summary ------------------------------------
     em_after = evaluate()
+    log_eval(state.step, em_after)
     digests = rt.gather_objects(rt.weights_digest(model), dist)
     history: list[dict[str, Any]] = []
     if log is not None:
-        if em_after is not None:
-            log.log(state.step, {"eval_em": em_after, "tokens_total": state.tokens_total})
         log.close()
         from treegym.trainers.runlog import read_metrics
 
         history = read_metrics(folder / "metrics.jsonl")
-        plot_metrics(folder)
+        if cfg.run.plots:
+            plot_metrics(folder)
         if cfg.run.trees_html and last_batch is not None:
             _write_trees(last_batch, tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
     result = RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
@@ -323,6 +332,14 @@ def _em(r: Rollout) -> float:
     if "em" in r.info:
         return float(r.info["em"])
     return 0.0 if "answers" in r.info else float(r.reward)
+
+
+def _zero_share(advantages: list[torch.Tensor], rollouts: list[Rollout]) -> float:
+    """Share of action tokens whose advantage is exactly 0 (they carry no learning signal)."""
+    masks = [torch.tensor(r.loss_mask, dtype=torch.bool) for r in rollouts]
+    total = sum(int(m.sum()) for m in masks)
+    zero = sum(int(((a == 0) & m).sum()) for a, m in zip(advantages, masks))
+    return zero / total if total else 0.0
 
 
 def _add(stats: dict[str, list[float]], key: str, value: float) -> None:

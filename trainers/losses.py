@@ -32,6 +32,9 @@ class LossOutput:
     approx_kl: Tensor
     clipfrac: Tensor
     ratio_mean: Tensor
+    # Mean |d loss / d log pi| per action token at ratio 1: the step size the advantages ask
+    # for (PPO: |A|·w; TreeOPSD: |r* - 1|·w), comparable across losses.
+    pg_weight: Tensor
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", constant: float | None = None) -> Tensor:
@@ -95,6 +98,7 @@ def ppo_clip_loss(
     per_token = clipped if weights is None else clipped * weights
     loss = aggregate(per_token, mask, agg, constant)
     clipfrac = masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask).detach()
+    pg_weight = advantages.abs() if weights is None else advantages.abs() * weights
     return LossOutput(
         loss=loss,
         pg_loss=loss.detach(),
@@ -103,6 +107,7 @@ def ppo_clip_loss(
         approx_kl=_approx_kl(log_ratio, mask),
         clipfrac=clipfrac,
         ratio_mean=masked_mean(ratio, mask).detach(),
+        pg_weight=masked_mean(pg_weight, mask).detach(),
     )
 
 
@@ -158,6 +163,7 @@ def treeopsd_loss(
     loss = aggregate(per_token, mask, agg, constant)
     # "clipfrac" here: the share of tokens whose ratio has already passed its target.
     passed = (ratio - target) * (target - 1.0) > 0
+    pg_weight = (target - 1.0).abs() if weights is None else (target - 1.0).abs() * weights
     return LossOutput(
         loss=loss,
         pg_loss=loss.detach(),
@@ -166,6 +172,7 @@ def treeopsd_loss(
         approx_kl=_approx_kl(log_ratio, mask),
         clipfrac=masked_mean(passed.to(logp.dtype), mask).detach(),
         ratio_mean=masked_mean(ratio, mask).detach(),
+        pg_weight=masked_mean(pg_weight, mask).detach(),
     )
 
 

@@ -35,8 +35,8 @@ from treegym.trainers.types import Budget, Node, Rollout, RolloutBatch, Tree, Tu
 # A prompt names one task: reset options (e.g. {"task_id": ...}), a seed, or None (random).
 Prompt = Union[dict[str, Any], int, None]
 EnvSource = Union[Callable[[], gym.Env], gym.Env]
-Expansion = Literal["with_replacement", "without_replacement"]
-EXPANSIONS: tuple[str, ...] = ("with_replacement", "without_replacement")
+Expansion = Literal["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"]
+EXPANSIONS: tuple[str, ...] = ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")
 
 
 @dataclass
@@ -293,12 +293,55 @@ def expansion_candidates(tree: Tree) -> list[int]:
 
 
 def choose_nodes(tree: Tree, n: int, expansion: Expansion, rng: random.Random) -> list[int]:
-    """The nodes to expand in one round of ``tree``."""
+    """The nodes to expand in one round of ``tree``.
+
+    - ``with_replacement`` (the reference): uniform over the candidates, with replacement;
+    - ``without_replacement``: uniform, and never a node already expanded in this search;
+    - ``no_root``: uniform with replacement over the candidates other than the root (the
+      root only when it is the only one), so that every branch shares a prefix;
+    - ``mixed``: weight 4 for a node whose subtree already holds leaves with different
+      rewards (where more samples separate good from bad turns), 1 for the others;
+    - ``entropy``: weight = the mean surprisal (-log p) of the turn that followed the node in
+      the tree so far: branch before an uncertain decision (as ARPO and AEPO do);
+    - ``depth``: weight = the node's depth + 1 (deeper nodes share more, cost less).
+    """
     candidates = expansion_candidates(tree)
     if expansion == "with_replacement":
         return [rng.choice(candidates) for _ in range(n)]
-    fresh = [c for c in candidates if c not in set(tree.expanded)]
-    return rng.sample(fresh, min(n, len(fresh)))
+    if expansion == "without_replacement":
+        fresh = [c for c in candidates if c not in set(tree.expanded)]
+        return rng.sample(fresh, min(n, len(fresh)))
+    if expansion == "no_root":
+        inner = [c for c in candidates if c != 0] or candidates
+        return [rng.choice(inner) for _ in range(n)]
+    weights = [_expansion_weight(tree, c, expansion) for c in candidates]
+    if not any(w > 0 for w in weights):
+        weights = [1.0] * len(candidates)
+    return rng.choices(candidates, weights=weights, k=n)
+
+
+def _expansion_weight(tree: Tree, node_id: int, expansion: str) -> float:
+    node = tree.nodes[node_id]
+    if expansion == "depth":
+        return float(node.depth + 1)
+    if expansion == "entropy":
+        child = next((tree.nodes[c] for c in node.children if tree.nodes[c].turn is not None), None)
+        lps = child.turn.action_logprobs if child is not None and child.turn is not None else ()
+        return -sum(lps) / len(lps) if lps else 0.0
+    if expansion == "mixed":
+        rewards = {tree.nodes[leaf].reward for leaf in _leaves_under(tree, node_id)}
+        return 4.0 if len(rewards) > 1 else 1.0
+    raise ConfigError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+
+
+def _leaves_under(tree: Tree, node_id: int) -> list[int]:
+    out, stack = [], [node_id]
+    while stack:
+        node = tree.nodes[stack.pop()]
+        if node.terminal:
+            out.append(node.node_id)
+        stack.extend(node.children)
+    return out
 
 
 def _start_trees(sampler: _Sampler, prompts: Sequence[Prompt], per_prompt: int) -> tuple[list[Tree], list[_Root]]:

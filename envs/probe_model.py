@@ -1,0 +1,109 @@
+"""Tiny models for the probe environments, built from scratch and given a format prior.
+
+A probe's model is a small random Llama over the probes' word vocabulary, saved as a local HF
+folder (config, safetensors, tokenizer.json), so that every trainer loads it through the
+same path as any local model. Before it is saved it learns the *format* of its probe and
+nothing else: a few hundred supervised steps on episodes whose moves are drawn uniformly
+from the legal ones, with free words after them. It then starts RL the way an instruct LLM
+starts agent RL: it writes well-formed turns of the right length, but knows no answer, so
+a terminal reward is as rare as choices^-horizon.
+
+Models are cached under ``TREEGYM_HOME/probe-models``, keyed by every input, so a grid of
+runs builds each one once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from treegym.envs.probes import FILLER, LOOK, SYMBOLS, VOCAB, ProbeEnv
+from treegym.paths import cache_dir
+
+MODEL_VERSION = 1
+PRIOR_STEPS = 300
+PRIOR_EPISODES = 64  # per batch
+
+
+def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0) -> Path:
+    """Where the model for ``env`` at ``turn_tokens`` tokens per turn is (or will be) cached."""
+    key = {"env": type(env).__name__, "horizon": env.horizon, "choices": env.choices, "key_seed": env.key_seed,
+           "turn_tokens": turn_tokens, "seed": seed, "version": MODEL_VERSION}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir("probe-models") / f"{type(env).__name__}-h{env.horizon}-c{env.choices}-L{turn_tokens}-{digest}"
+
+
+def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Path | None = None) -> Path:
+    """Build (once) the tiny model for ``env``'s format; return its HF folder."""
+    folder = folder or probe_model_folder(env, turn_tokens, seed)
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[PAD]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+    torch.manual_seed(seed)
+    longest = 1 + env.horizon * (turn_tokens + 1)
+    config = LlamaConfig(
+        vocab_size=len(VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(64, 2 * longest),
+        pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed))
+    # Written aside and renamed, so that parallel study workers never read half a model.
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished first; its model is the same
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random) -> tuple[list[str], list[int]]:
+    """Words of one episode with uniformly random legal moves, and 1 on each action word."""
+    seed = rng.randrange(2**31)
+    obs, _ = env.reset(seed=seed)
+    words, mask = obs.split(), [0] * len(obs.split())
+    free = [*SYMBOLS, LOOK, *FILLER]
+    done = False
+    while not done:
+        move = rng.choice(env.legal_moves(env.state))
+        action = [move] + [rng.choice(free) for _ in range(turn_tokens - 1)]
+        obs, _, terminated, truncated, _ = env.step(" ".join(action))
+        done = terminated or truncated
+        words += action + obs.split()
+        mask += [1] * len(action) + [0] * len(obs.split())
+    return words, mask
+
+
+def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, rng: random.Random) -> None:
+    """Cross-entropy on the action words of random legal episodes (the format, not the answers)."""
+    import torch
+
+    env = env.fork()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(PRIOR_STEPS):
+        episodes = [random_episode(env, turn_tokens, rng) for _ in range(PRIOR_EPISODES)]
+        ids = torch.tensor([tokenizer.convert_tokens_to_ids(w) for w, _ in episodes])
+        mask = torch.tensor([m for _, m in episodes], dtype=torch.bool)
+        logits = model(input_ids=ids).logits[:, :-1]
+        target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()

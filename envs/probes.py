@@ -1,0 +1,210 @@
+"""Probe environments: tiny, forkable tasks that isolate one property of multi-turn RL.
+
+Each probe is a unit benchmark for a training algorithm, the way CartPole is for a policy
+gradient: small enough that a run trains to convergence on a CPU in seconds, and shaped so
+that one mechanism (credit over turns, exploration under a sparse reward, using what an
+earlier turn observed) decides whether it learns. ``treegym study`` runs algorithms on them at
+equal budgets; ``treegym.envs.probe_model.build_probe_model`` makes the matching tiny model.
+
+All probes share one word vocabulary (``VOCAB``) and read a turn the same way: the turn's
+*first word* is its move; every later word is free text that the env ignores. Run them with a
+fixed turn length (``sampler.max_new_tokens = L`` and ``sampler.ignore_eos = true``) to model
+LLM turns of L tokens, of which only a few decide the outcome. A first word that is not a
+legal move is an invalid action (``info["invalid_action"]``) and counts as wrong.
+
+- ``ProbeKeys-v0`` (dense): say the turn's key, ``horizon`` turns. Reward 1/horizon per
+  correct turn, feedback "ok"/"no" after each.
+- ``ProbeLock-v0`` (sparse, terminal only): ``horizon`` turns (2 to 8), each a choice among
+  ``choices`` symbols; reward 1 at the end only if every turn was right, no feedback on the
+  way ("go"). A uniform policy over the legal moves earns it with probability choices^-horizon.
+- ``ProbeLookup-v0`` (information gathering): a hidden key (one of ``choices`` symbols,
+  drawn per episode). ``?`` on the first turn calls the lookup tool, whose result (the key)
+  is the observation; the last turn must name the key. Reward 1 at the end if it does. A
+  policy that never looks is right 1/choices of the time; look-then-copy is always right.
+
+The terminal step's info holds ``success`` and ``em`` (equal: 1.0 or 0.0). A step after the
+episode ended raises ``TreegymError``, as the QA envs do.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.errors import ConfigError, TreegymError
+
+VOCAB = ("[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "?", "x", "go", "ok", "no")
+SYMBOLS = ("A", "B", "C", "D", "E", "F")
+LOOK = "?"
+FILLER = ("x",)  # free-text words, besides any other word
+PROMPT = "go"
+
+
+@dataclass(frozen=True)
+class ProbeState:
+    """One episode: the turn index, the keys it must say, and what it has done so far."""
+
+    keys: tuple[str, ...]  # the right move of each turn (Lookup: the hidden key alone)
+    turn: int = 0
+    correct: int = 0
+    looked: bool = False
+    done: bool = False
+
+
+class LookupTool:
+    """The Lookup probe's one tool: the payload is the hidden key; the result reveals it.
+
+    A real tool would read it from somewhere; the point is that the key only reaches the
+    context through a tool call, which the pool batches and counts like any other.
+    """
+
+    batch_key = ("probe-lookup",)
+
+    def call_batch(self, payloads: Sequence[Any]) -> list[Any]:
+        return [str(p) for p in payloads]
+
+
+class ProbeEnv(ForkableEnv[ProbeState]):
+    """Shared machinery of the probes; subclasses set the keys and the reward rule.
+
+    Args:
+        horizon: turns per episode.
+        choices: legal moves per turn (the first ``choices`` of ``SYMBOLS``).
+        key_seed: seeds the fixed key sequence (Keys, Lock); task seeds draw Lookup's key.
+    """
+
+    dense = False
+
+    def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0) -> None:
+        super().__init__(max_obs_chars=16, max_action_chars=4096)
+        if not 1 <= horizon <= 16:
+            raise ConfigError(f"{type(self).__name__}: horizon must be in 1..16, got {horizon}")
+        if not 2 <= choices <= len(SYMBOLS):
+            raise ConfigError(f"{type(self).__name__}: choices must be in 2..{len(SYMBOLS)}, got {choices}")
+        self.horizon = horizon
+        self.choices = choices
+        self.key_seed = key_seed
+        self.moves = SYMBOLS[:choices]
+        rng = random.Random(f"{type(self).__name__}:{key_seed}")
+        self.fixed_keys = tuple(rng.choice(self.moves) for _ in range(horizon))
+
+    # -- what each probe defines --------------------------------------------------------------
+
+    def legal_moves(self, state: ProbeState) -> tuple[str, ...]:
+        return self.moves
+
+    def draw_keys(self) -> tuple[str, ...]:
+        return self.fixed_keys
+
+    def right(self, state: ProbeState, move: str) -> bool:
+        return move == state.keys[state.turn]
+
+    def feedback(self, state: ProbeState, hit: bool) -> str:
+        return "ok" if hit else "no"
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def _reset_state(self, options: dict[str, Any]) -> tuple[ProbeState, str, dict[str, Any]]:
+        unknown = set(options) - {"task_id"}
+        if unknown:
+            raise ConfigError(f"{type(self).__name__}.reset: unknown options {sorted(unknown)}")
+        return ProbeState(keys=self.draw_keys()), PROMPT, {"horizon": self.horizon, "choices": self.choices}
+
+    def plan(self, action: str) -> list[ToolCall]:
+        s = self.state
+        if s is None or s.done:
+            raise TreegymError("step() after the episode ended: call env.reset()" if s else "step() before reset()")
+        words = str(action).split()
+        move = words[0] if words else ""
+        calls = [ToolCall("lookup", s.keys[-1])] if self._calls_lookup(s, move) else []
+        return self._remember(calls, parsed=move)
+
+    def _calls_lookup(self, state: ProbeState, move: str) -> bool:
+        return False
+
+    def resolve(self, results: Sequence[Any]) -> StepResult:
+        _, move = self._take_pending()
+        s = self.state
+        assert s is not None
+        legal = move in self.legal_moves(s)
+        hit = legal and self.right(s, move)
+        looked = s.looked or bool(results)
+        s = replace(s, turn=s.turn + 1, correct=s.correct + int(hit), looked=looked)
+        done = s.turn >= self.horizon
+        s = replace(s, done=done)
+        self.state = s
+        info: dict[str, Any] = {"turn": s.turn, "invalid_action": not legal, "tool_calls": int(s.looked)}
+        if results:
+            obs = str(results[0])
+        else:
+            obs = "" if done else self.feedback(s, hit)
+        if self.dense:
+            reward = hit / self.horizon
+        else:
+            reward = float(done and s.correct == self.horizon)
+        if done:
+            info["success"] = info["em"] = float(s.correct == self.horizon)
+        return obs, reward, done, False, info
+
+    def render(self) -> str:
+        s = self.state
+        return "(not reset)" if s is None else f"turn {s.turn}/{self.horizon}, {s.correct} right"
+
+
+class ProbeKeysEnv(ProbeEnv):
+    """Dense reward: say the turn's key (fixed by ``key_seed``) on each of ``horizon`` turns."""
+
+    dense = True
+
+    def __init__(self, horizon: int = 4, choices: int = 4, key_seed: int = 0) -> None:
+        super().__init__(horizon, choices, key_seed)
+
+
+class ProbeLockEnv(ProbeEnv):
+    """Terminal-only reward: the whole key sequence right, or nothing; no feedback."""
+
+    def feedback(self, state: ProbeState, hit: bool) -> str:
+        return "go"
+
+
+class ProbeLookupEnv(ProbeEnv):
+    """Information gathering: look the hidden key up (``?``) first, name it on the last turn.
+
+    With ``horizon`` > 2, the turns in between accept any legal move: the key has to be
+    carried across them in the context.
+    """
+
+    def __init__(self, horizon: int = 2, choices: int = 4, key_seed: int = 0) -> None:
+        super().__init__(horizon, choices, key_seed)
+        if self.horizon < 2:
+            raise ConfigError("ProbeLookupEnv: horizon must be at least 2 (look, then answer)")
+        self.tools = {"lookup": LookupTool()}
+
+    def draw_keys(self) -> tuple[str, ...]:
+        return (self.moves[int(self.np_random.integers(len(self.moves)))],)
+
+    def legal_moves(self, state: ProbeState) -> tuple[str, ...]:
+        return (LOOK, *self.moves)
+
+    def right(self, state: ProbeState, move: str) -> bool:
+        if state.turn == 0:
+            return move == LOOK
+        if state.turn == self.horizon - 1:
+            return move == state.keys[0]
+        return True
+
+    def _calls_lookup(self, state: ProbeState, move: str) -> bool:
+        return state.turn == 0 and move == LOOK
+
+    def feedback(self, state: ProbeState, hit: bool) -> str:
+        return "go"
+
+
+PROBE_IDS = {
+    "ProbeKeys-v0": "treegym.envs.probes:ProbeKeysEnv",
+    "ProbeLock-v0": "treegym.envs.probes:ProbeLockEnv",
+    "ProbeLookup-v0": "treegym.envs.probes:ProbeLookupEnv",
+}
