@@ -38,8 +38,14 @@ def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0) -> Path:
     return cache_dir("probe-models") / f"{type(env).__name__}-h{env.horizon}-c{env.choices}-L{turn_tokens}-{digest}"
 
 
-def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Path | None = None) -> Path:
-    """Build (once) the tiny model for ``env``'s format; return its HF folder."""
+def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Path | None = None,
+                      steps: int = PRIOR_STEPS) -> Path:
+    """Build (once) the tiny model for ``env``'s format; return its HF folder.
+
+    ``steps`` of the format prior; the cached default folder always uses ``PRIOR_STEPS``.
+    """
+    if folder is None and steps != PRIOR_STEPS:
+        raise ValueError("a model with a non-default number of prior steps needs its own folder")
     folder = folder or probe_model_folder(env, turn_tokens, seed)
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
@@ -60,7 +66,7 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
         pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
     )  # fmt: skip
     model = LlamaForCausalLM(config)
-    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed))
+    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps)
     # Written aside and renamed, so that parallel study workers never read half a model.
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -89,14 +95,14 @@ def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random) -> tuple
     return words, mask
 
 
-def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, rng: random.Random) -> None:
+def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, rng: random.Random, steps: int) -> None:
     """Cross-entropy on the action words of random legal episodes (the format, not the answers)."""
     import torch
 
     env = env.fork()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    for _ in range(PRIOR_STEPS):
+    for _ in range(steps):
         episodes = [random_episode(env, turn_tokens, rng) for _ in range(PRIOR_EPISODES)]
         ids = torch.tensor([tokenizer.convert_tokens_to_ids(w) for w, _ in episodes])
         mask = torch.tensor([m for _, m in episodes], dtype=torch.bool)

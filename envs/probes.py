@@ -173,8 +173,8 @@ class ProbeLockEnv(ProbeEnv):
 class ProbeLookupEnv(ProbeEnv):
     """Information gathering: look the hidden key up (``?``) first, name it on the last turn.
 
-    With ``horizon`` > 2, the turns in between accept any legal move: the key has to be
-    carried across them in the context.
+    Only the last turn is graded. With ``horizon`` > 2, the turns in between accept any legal
+    move: the key has to be carried across them in the context.
     """
 
     def __init__(self, horizon: int = 2, choices: int = 4, key_seed: int = 0) -> None:
@@ -190,11 +190,8 @@ class ProbeLookupEnv(ProbeEnv):
         return (LOOK, *self.moves)
 
     def right(self, state: ProbeState, move: str) -> bool:
-        if state.turn == 0:
-            return move == LOOK
-        if state.turn == self.horizon - 1:
-            return move == state.keys[0]
-        return True
+        # Only the answer is graded: looking is not rewarded, it is what makes the answer known.
+        return move == state.keys[0] if state.turn == self.horizon - 1 else True
 
     def _calls_lookup(self, state: ProbeState, move: str) -> bool:
         return state.turn == 0 and move == LOOK

@@ -78,6 +78,7 @@ class OptimConfig:
     mini_batch_size: int = opt(6, "rollouts per optimiser step")
     micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)")
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
+    skip_empty_steps: bool = opt(True, "skip the optimiser step of a mini-batch whose gradient is exactly 0 (all advantages 0): AdamW's momentum would move the weights anyway")
 
 
 @dataclass

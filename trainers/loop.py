@@ -237,6 +237,13 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
                     nonfinite = True
                     break
                 _add(stats, "grad_norm", float(grad_norm))
+                # A mini-batch whose advantages are all 0 has an exactly-zero gradient (on every
+                # rank: it is reduced). AdamW would still move every weight by about lr on its
+                # stale momentum, and with a sparse reward most steps are such steps.
+                if cfg.optim.skip_empty_steps and float(grad_norm) == 0.0:
+                    _add(stats, "empty_steps", 1.0)
+                    continue
+                _add(stats, "empty_steps", 0.0)
                 optimizer.step()
                 fresh = False
             if nonfinite:

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "treegym.trainers.sft_cli",
     "treegym.agents.cli_eval",
     "treegym.agents.cli_serve",
+    "treegym.study.cli",
 ]
 
 

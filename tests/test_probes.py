@@ -1,0 +1,109 @@
+"""The probe envs: their rules, the fork contract, and the format prior of their tiny models."""
+
+from __future__ import annotations
+
+import random
+
+import gymnasium as gym
+import pytest
+
+import treegym  # noqa: F401  (registers the probe ids)
+from treegym.envs.checker import check_fork_contract
+from treegym.envs.probe_model import build_probe_model, random_episode
+from treegym.envs.probes import PROBE_IDS, ProbeKeysEnv, ProbeLockEnv, ProbeLookupEnv
+from treegym.errors import ConfigError, TreegymError
+
+
+def play(env: gym.Env, actions: list[str], seed: int = 0) -> list[tuple]:
+    env.reset(seed=seed)
+    return [env.step(a) for a in actions]
+
+
+@pytest.mark.parametrize("env_id", list(PROBE_IDS))
+def test_probe_envs_keep_the_fork_contract(env_id: str) -> None:
+    check_fork_contract(lambda: gym.make(env_id, horizon=4), ["? A", "A x", "B", "A"], alt_actions=["B", "B", "B"])
+
+
+@pytest.mark.parametrize("env_id", list(PROBE_IDS))
+def test_terminal_step_reports_success_and_em(env_id: str) -> None:
+    env = gym.make(env_id, horizon=3)
+    steps = play(env, ["A", "B", "A"])
+    *_, (obs, _, terminated, _, info) = steps
+    assert terminated and info["success"] == info["em"] and info["success"] in (0.0, 1.0)
+    assert all("success" not in s[4] for s in steps[:-1])
+    with pytest.raises(TreegymError, match="after the episode ended"):
+        env.step("A")
+
+
+def test_lock_pays_only_at_the_end_for_the_whole_sequence() -> None:
+    env = ProbeLockEnv(horizon=4, choices=2, key_seed=3)
+    keys = list(env.fixed_keys)
+    steps = play(env, keys)
+    assert [s[1] for s in steps] == [0.0, 0.0, 0.0, 1.0]
+    assert all(s[0] == "go" for s in steps[:-1])  # no feedback on the way
+    wrong = keys[:3] + [next(m for m in env.moves if m != keys[3])]
+    assert [s[1] for s in play(env, wrong)] == [0.0] * 4
+
+
+def test_keys_pays_each_correct_turn() -> None:
+    env = ProbeKeysEnv(horizon=4, choices=4)
+    keys = list(env.fixed_keys)
+    steps = play(env, [keys[0], "x", keys[2] + " A A", keys[3]])
+    assert [s[1] for s in steps] == [0.25, 0.0, 0.25, 0.25]
+    assert [s[0] for s in steps[:3]] == ["ok", "no", "ok"]
+    assert steps[1][4]["invalid_action"]  # "x" is not a legal move
+
+
+def test_lookup_reveals_the_key_through_a_tool_call() -> None:
+    env = ProbeLookupEnv(horizon=2, choices=4)
+    env.reset(seed=11)
+    obs, reward, *_ , info = env.step("? x x")
+    assert obs in env.moves and reward == 0.0 and info["tool_calls"] == 1
+    *_, terminated, _, info = env.step(obs)
+    assert terminated and info["success"] == 1.0
+    # Without looking, the answer is a guess: right for about 1 in `choices` keys.
+    hits = []
+    for seed in range(200):
+        env.reset(seed=seed)
+        env.step("A")
+        hits.append(env.step("A")[4]["success"])
+    assert 0.15 < sum(hits) / len(hits) < 0.35
+
+
+def test_lookup_draws_keys_from_the_task_seed() -> None:
+    env = ProbeLookupEnv(horizon=2, choices=4)
+    keys = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        keys.add(env.state.keys[0])
+    assert keys == set(env.moves)
+
+
+@pytest.mark.parametrize("kwargs", [{"horizon": 0}, {"horizon": 17}, {"choices": 1}, {"choices": 7}])
+def test_bad_probe_shape_is_a_config_error(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        ProbeLockEnv(**kwargs)
+
+
+def test_random_episode_follows_the_rules_and_the_turn_length() -> None:
+    env = ProbeLockEnv(horizon=3, choices=2)
+    words, mask = random_episode(env, turn_tokens=5, rng=random.Random(0))
+    assert len(words) == 1 + 3 * 5 + 2  # prompt, 3 turns, 2 observations (none after the last)
+    assert sum(mask) == 15
+    assert words[1] in env.moves and words[7] in env.moves
+
+
+def test_probe_model_learns_the_format_but_not_the_answer(tmp_path) -> None:
+    """After the prior, the first word of a turn is a legal move, each about equally likely."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    env = ProbeLockEnv(horizon=2, choices=2)
+    folder = build_probe_model(env, turn_tokens=2, folder=tmp_path / "m", steps=100)
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ids = tok.convert_tokens_to_ids(["go"])
+    with torch.no_grad():
+        probs = model(input_ids=torch.tensor([ids])).logits[0, -1].softmax(-1)
+    legal = probs[tok.convert_tokens_to_ids(list(env.moves))]
+    assert float(legal.sum()) > 0.8
+    assert float(legal.min() / legal.max()) > 0.5

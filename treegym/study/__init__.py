@@ -1,0 +1,1 @@
+"""Equal-budget studies of training algorithms on the probe environments (``treegym study``)."""

@@ -1,0 +1,109 @@
+"""``treegym study``: the equal-budget study of GRPO, Tree-GRPO and TreeOPSD on the probe envs.
+
+Three phases, each resumable from the same results file:
+
+1. tune: every method's search space (learning rate; TreeOPSD also β and ε), the same number
+   of settings per method, on tuning seeds only, at the tuning budget;
+2. ablate: each tree mechanism alone (expansion rule, prefix credit, tree shape, TreeOPSD's
+   credit shape) at its base algorithm's tuned setting, on ablation seeds;
+3. report: every method at its tuned setting, on report seeds never used to choose anything,
+   at every budget; then report.md with tables, paired differences and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from treegym.errors import ConfigError
+from treegym.study.grid import ABLATIONS, METHODS, TASKS, Grid, quick_grid
+from treegym.study.report import choose_settings, write_report
+from treegym.study.run import run_all
+
+
+def _csv(kind: str, valid: dict | None = None, cast: type = str):  # noqa: ANN202
+    def parse(text: str) -> tuple:
+        items = tuple(cast(x) for x in text.split(",") if x)
+        bad = [x for x in items if valid is not None and x not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {', '.join(map(str, bad))}; valid: {', '.join(valid or ())}")
+        return items
+    return parse
+
+
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    grid = quick_grid() if args.quick else Grid()
+    changes = {}
+    if args.tasks:
+        changes["tasks"] = args.tasks
+    if args.methods:
+        changes["methods"] = args.methods
+    if args.budgets:
+        changes["budgets"] = args.budgets
+    if args.seeds:
+        changes["seeds"] = tuple(range(args.seeds))
+    if args.tune_seeds:
+        changes["tune_seeds"] = tuple(range(1000, 1000 + args.tune_seeds))
+    if args.no_ablations:
+        changes["ablations"] = ()
+    if args.extra_tasks:
+        changes["extra_tasks"] = args.extra_tasks
+    grid = replace(grid, **changes)
+    if "grpo" not in grid.methods:
+        raise ConfigError("the study compares every method with GRPO: keep grpo in --methods")
+    if any(b < 2 or b % 2 for b in grid.budgets):
+        raise ConfigError(f"budgets must be even and at least 2 (trees use B/2 per prompt), got {grid.budgets}")
+    return grid
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    grid = grid_from_args(args)
+    out = Path(args.out)
+    results = out / "results.jsonl"
+    runs_dir = out / "runs"
+    workers = args.workers or max(1, min(os.cpu_count() or 1, 8))
+    t0 = time.time()
+    print(f"study: tasks {', '.join(grid.tasks)}; methods {', '.join(grid.methods)}; budgets {grid.budgets}; "
+          f"{len(grid.seeds)} report seeds; {workers} workers; results in {results}")
+    tuning = run_all(grid.tuning_runs(), results, runs_dir, workers, "tune", progress=not args.quiet)
+    chosen = choose_settings(tuning)
+    ablations = run_all(grid.ablation_runs(chosen), results, runs_dir, workers, "ablate", progress=not args.quiet) \
+        if grid.ablations else []
+    report = run_all(grid.report_runs(chosen), results, runs_dir, workers, "report", progress=not args.quiet)
+    header = (f"`treegym study{' --quick' if args.quick else ''}`: {len(tuning) + len(ablations) + len(report)} runs, "
+              f"{workers} workers, {time.time() - t0:.0f} s for this invocation (finished runs are reused). "
+              f"Report seeds {grid.seeds[0]}-{grid.seeds[-1]}; tuning seeds {', '.join(map(str, grid.tune_seeds))} "
+              f"at B={grid.tune_budget}; ablation seeds {grid.ablation_seeds[0]}-{grid.ablation_seeds[-1]}.\n\n"
+              + "Tasks: " + "; ".join(f"**{t}** = {TASKS[t].env} (horizon {TASKS[t].horizon}, {TASKS[t].choices} "
+                                       f"choices, {TASKS[t].turn_tokens}-token turns, {TASKS[t].token_budget:,} "
+                                       f"generated tokens per run)" for t in (*grid.tasks, *grid.extra_tasks)) + ".\n\n"
+              + "Methods: " + "; ".join(f"**{m}** = {METHODS[m].algo}"
+                                        + (f" with {', '.join(f'{k}={v}' for k, v in METHODS[m].overrides)}"
+                                           if METHODS[m].overrides else " (reference)")
+                                        for m in grid.methods) + ".")  # fmt: skip
+    path = write_report(out, tuning, chosen, ablations, report, header)
+    print(f"report: {path} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "study", help="equal-budget study: GRPO vs Tree-GRPO vs TreeOPSD on the probe envs, with CIs",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="a small grid (about 5 minutes on 2 cores)")
+    p.add_argument("--out", default="runs/study", help="folder for results.jsonl, report.md and plots")
+    p.add_argument("--workers", type=int, default=0, help="parallel training processes (default: CPU count, at most 8)")
+    p.add_argument("--tasks", type=_csv("task", TASKS), help=f"comma-separated, of: {', '.join(TASKS)}")
+    p.add_argument("--extra-tasks", type=_csv("task", TASKS), help="report-only tasks at the tuning budget "
+                   "(e.g. lock-L1,lock-L16 for turn length), tuned as the first task")
+    p.add_argument("--methods", type=_csv("method", METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--budgets", type=_csv("budget", None, int), help="per-prompt budgets B, e.g. 2,4,8")
+    p.add_argument("--seeds", type=int, default=0, help="report seeds per cell (default 16; --quick 4)")
+    p.add_argument("--tune-seeds", type=int, default=0, help="tuning seeds per setting (default 3; --quick 1)")
+    p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_study, ablation_names=tuple(ABLATIONS))

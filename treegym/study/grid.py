@@ -1,0 +1,189 @@
+"""What an equal-budget study runs: tasks, methods, budgets and seeds, as plain values.
+
+A *task* is a probe env with its shape (horizon, choices, turn length). A *method* is an
+algorithm plus the config overrides that make it what it is (an expansion rule, a credit
+shape). A *budget* is the rollout budget per prompt in trajectory-equivalents B: GRPO samples
+B chains; the tree methods grow B/2 trees (m), each one chain plus n=2 branches (l=1) with
+every leaf kept, so a tree method spends about B chains' tokens per prompt under the
+reference expansion and less under cheaper rules. Every run of a task, whatever its method
+and B, stops at the same total of generated tokens, and each step costs about
+``STEP_CHAINS`` chains' tokens (prompts per step = STEP_CHAINS / B), so B only decides how a
+fixed budget is split between prompts and samples per prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STEP_CHAINS = 16  # chain-equivalents of rollout per training step
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    env: str
+    horizon: int
+    choices: int
+    turn_tokens: int
+    chains: int  # total rollout budget of a run, in chain-equivalents (x horizon x turn_tokens tokens)
+
+    @property
+    def chain_tokens(self) -> int:
+        return self.horizon * self.turn_tokens
+
+    @property
+    def token_budget(self) -> int:
+        return self.chains * self.chain_tokens
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    algo: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+    # The search space tuned on the tuning seeds: each entry is one set of overrides.
+    tune: tuple[tuple[tuple[str, Any], ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the grid; ``key`` identifies it in the results file."""
+
+    phase: str  # "tune", "ablate" or "report"
+    task: Task
+    method: Method
+    budget: int  # trajectory-equivalents per prompt
+    seed: int
+    setting: tuple[tuple[str, Any], ...] = ()  # tuned hyperparameters (or the one being tried)
+    eval_n: int = 64
+    evals: int = 4  # held-out evaluations during the run, besides before and after
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        data = {"phase": self.phase, "task": asdict(self.task), "method": self.method.name,
+                "overrides": list(self.method.overrides), "budget": self.budget, "seed": self.seed,
+                "setting": list(self.setting), "eval_n": self.eval_n, "evals": self.evals}  # fmt: skip
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def overrides(self, model: str, out_dir: str) -> dict[str, Any]:
+        """The full ``treegym train`` config of this run."""
+        t, b = self.task, self.budget
+        prompts = max(1, STEP_CHAINS // b)
+        steps_est = max(1, t.chains // STEP_CHAINS)
+        leaves = prompts * (b if self.method.algo == "grpo" else 3 * max(1, b // 2))
+        cfg: dict[str, Any] = {
+            "algo": self.method.algo, "env": t.env, "env_kwargs": {"horizon": t.horizon, "choices": t.choices},
+            "model": model, "seed": self.seed, "steps": 10**6, "token_budget": t.token_budget,
+            "prompts_per_step": prompts, "sampler.group_size": b, "sampler.trees": max(1, b // 2),
+            "sampler.expand_nodes": 2, "sampler.rounds": 1, "sampler.leaves": 3,
+            "sampler.max_turns": t.horizon, "sampler.max_new_tokens": t.turn_tokens, "sampler.ignore_eos": True,
+            "sampler.max_context_tokens": 4096,
+            "optim.mini_batch_size": leaves, "optim.micro_batch_size": leaves,
+            "run.eval_n": self.eval_n, "run.eval_sampled": True, "run.eval_every": max(1, steps_est // (self.evals + 1)),
+            "run.out_dir": out_dir, "run.name": f"{self.phase}-{t.name}-{self.method.name}-B{b}-s{self.seed}-{self.key}",
+            "run.resume": False, "run.save_every": 0, "run.tensorboard": False, "run.trees_html": False,
+            "run.plots": False, "run.train_split": "train", "run.eval_split": "dev",
+        }  # fmt: skip
+        cfg.update(dict(self.method.overrides))
+        cfg.update(dict(self.setting))
+        return cfg
+
+
+# ---- the default grid ---------------------------------------------------------------------------
+
+TASKS = {
+    "lock": Task("lock", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=4, chains=512),
+    "lookup": Task("lookup", "ProbeLookup-v0", horizon=2, choices=4, turn_tokens=4, chains=512),
+    "keys": Task("keys", "ProbeKeys-v0", horizon=4, choices=4, turn_tokens=4, chains=512),
+    "lock-L1": Task("lock-L1", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=1, chains=512),
+    "lock-L16": Task("lock-L16", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=16, chains=512),
+    "lock-H6": Task("lock-H6", "ProbeLock-v0", horizon=6, choices=2, turn_tokens=4, chains=768),
+}
+
+_LRS = (3e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+PG_TUNE = tuple((("optim.lr", lr),) for lr in _LRS)
+# TreeOPSD's per-token weight is |r* - 1| <= eps, so its grid spans larger steps; the same
+# number of settings (6) as the others.
+OPSD_TUNE = tuple((("optim.lr", lr), ("loss.beta", beta), ("loss.eps", eps))
+                  for lr in (2e-3, 8e-3, 3.2e-2) for beta, eps in ((1.0, 0.2), (0.5, 1.0)))  # fmt: skip
+
+METHODS = {
+    "grpo": Method("grpo", "grpo", tune=PG_TUNE),
+    "tree-grpo": Method("tree-grpo", "tree-grpo", tune=PG_TUNE),
+    "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "no_root"),
+                                                      ("advantage.prefix_credit", "per_turn")), tune=PG_TUNE),
+    "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
+    "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", "no_root"), ("advantage.opsd_root", "prompt"),
+                                                  ("advantage.opsd_fallback", True)), tune=OPSD_TUNE),
+}
+
+# Mechanism ablations: each is Tree-GRPO or TreeOPSD with one change, at the reference's lr.
+ABLATIONS = {
+    **{f"tree-grpo/{e}": Method(f"tree-grpo/{e}", "tree-grpo", (("sampler.expansion", e),))
+       for e in ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")},
+    "tree-grpo/per_turn": Method("tree-grpo/per_turn", "tree-grpo", (("advantage.prefix_credit", "per_turn"),)),
+    "tree-grpo/intra": Method("tree-grpo/intra", "tree-grpo", (("advantage.tree_mode", "intra"),)),
+    "tree-grpo/n4": Method("tree-grpo/n4", "tree-grpo", (("sampler.expand_nodes", 4), ("sampler.leaves", 5))),
+    "tree-grpo/l2": Method("tree-grpo/l2", "tree-grpo", (("sampler.expand_nodes", 1), ("sampler.rounds", 2))),
+    "treeopsd/tree-root": Method("treeopsd/tree-root", "treeopsd"),
+    "treeopsd/prompt-root": Method("treeopsd/prompt-root", "treeopsd", (("advantage.opsd_root", "prompt"),)),
+    "treeopsd/fallback": Method("treeopsd/fallback", "treeopsd", (("advantage.opsd_fallback", True),)),
+    "treeopsd/prompt-root+fallback": Method("treeopsd/prompt-root+fallback", "treeopsd",
+                                            (("advantage.opsd_root", "prompt"), ("advantage.opsd_fallback", True))),
+    "treeopsd/normalized": Method("treeopsd/normalized", "treeopsd", (("advantage.normalize_std", True),)),
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The whole study: which tasks, methods, budgets and seeds, for each phase."""
+
+    tasks: tuple[str, ...] = ("lock", "lookup")
+    methods: tuple[str, ...] = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+")
+    budgets: tuple[int, ...] = (2, 4, 8)
+    seeds: tuple[int, ...] = tuple(range(16))
+    tune_seeds: tuple[int, ...] = (1000, 1001, 1002)
+    tune_budget: int = 4
+    ablations: tuple[str, ...] = tuple(ABLATIONS)
+    ablation_seeds: tuple[int, ...] = tuple(range(2000, 2008))
+    ablation_budget: int = 4
+    eval_n: int = 64
+    extra_tasks: tuple[str, ...] = ()  # report-only tasks (e.g. turn length), at tune_budget
+
+    def tuning_runs(self) -> list[RunSpec]:
+        return [RunSpec("tune", TASKS[t], METHODS[m], self.tune_budget, s, setting, self.eval_n, evals=0)
+                for t in self.tasks for m in self.methods for setting in METHODS[m].tune for s in self.tune_seeds]
+
+    def ablation_runs(self, lr_of: dict[str, dict[str, Any]]) -> list[RunSpec]:
+        """Each ablation at the tuned setting of its base algorithm's reference method."""
+        out = []
+        for t in self.tasks:
+            for name in self.ablations:
+                method = ABLATIONS[name]
+                base = "tree-grpo" if method.algo == "tree-grpo" else "treeopsd"
+                setting = tuple(lr_of.get(t, {}).get(base, {}).items())
+                out += [RunSpec("ablate", TASKS[t], method, self.ablation_budget, s, setting, self.eval_n, evals=0)
+                        for s in self.ablation_seeds]
+        return out
+
+    def report_runs(self, tuned: dict[str, dict[str, Any]]) -> list[RunSpec]:
+        out = []
+        for t in (*self.tasks, *self.extra_tasks):
+            budgets = self.budgets if t in self.tasks else (self.tune_budget,)
+            base_task = t if t in self.tasks else self.tasks[0]
+            for m in self.methods:
+                setting = tuple(tuned.get(base_task, {}).get(m, {}).items())
+                out += [RunSpec("report", TASKS[t], METHODS[m], b, s, setting, self.eval_n)
+                        for b in budgets for s in self.seeds]
+        return out
+
+
+def quick_grid() -> Grid:
+    """``--quick``: the sparse probes, the three algorithms' reference and improved forms,
+    the scarce budgets only, fewer seeds and settings; a few minutes on 2 cores."""
+    return Grid(tasks=("lock", "lookup"), methods=("grpo", "tree-grpo", "tree-grpo+", "treeopsd+"), budgets=(2, 4),
+                seeds=tuple(range(4)), tune_seeds=(1000,), ablations=(), eval_n=64)

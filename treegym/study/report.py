@@ -1,0 +1,223 @@
+"""The study's report: means with bootstrap intervals, paired differences, plots, report.md.
+
+All statistics are over seeds. A cell's interval is the 95% percentile bootstrap of the mean
+over its seeds; a comparison with GRPO is the mean of per-seed differences (the same seed
+gives both runs the same prompts and initial model) with its own bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BOOTSTRAP = 4000
+
+
+def bootstrap_ci(xs: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its percentile bootstrap interval."""
+    xs = [float(x) for x in xs]
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    mean = statistics.fmean(xs)
+    if len(xs) == 1:
+        return mean, mean, mean
+    rng = random.Random(seed)
+    n = len(xs)
+    means = sorted(statistics.fmean(rng.choices(xs, k=n)) for _ in range(BOOTSTRAP))
+    lo = means[int((1 - level) / 2 * BOOTSTRAP)]
+    hi = means[min(BOOTSTRAP - 1, int((1 + level) / 2 * BOOTSTRAP))]
+    return mean, lo, hi
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float, int]:
+    """Mean of a[s] - b[s] over the seeds both have, its interval, and the number of pairs."""
+    seeds = sorted(set(a) & set(b))
+    m, lo, hi = bootstrap_ci([a[s] - b[s] for s in seeds])
+    return m, lo, hi, len(seeds)
+
+
+def fmt(m: float, lo: float, hi: float, signed: bool = False) -> str:
+    if m != m:  # NaN
+        return "n/a"
+    f = "+.3f" if signed else ".3f"
+    return f"{m:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def _ok(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "error" not in r and r.get("success_t1") is not None]
+
+
+def choose_settings(records: Sequence[dict[str, Any]], metric: str = "success_t1") -> dict[str, dict[str, dict[str, Any]]]:
+    """task -> method -> the tuning setting with the best mean ``metric`` over tuning seeds."""
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    settings: dict[str, dict[str, Any]] = {}
+    for r in _ok(records):
+        sk = repr(sorted(r["setting"].items()))
+        settings[sk] = r["setting"]
+        groups[(r["task"], r["method"], sk)].append(r[metric])
+    best: dict[str, dict[str, tuple[float, str]]] = defaultdict(dict)
+    for (task, method, sk), xs in groups.items():
+        score = statistics.fmean(xs)
+        if method not in best[task] or score > best[task][method][0]:
+            best[task][method] = (score, sk)
+    return {t: {m: settings[sk] for m, (_, sk) in ms.items()} for t, ms in best.items()}
+
+
+def tuning_table(records: Sequence[dict[str, Any]], chosen: dict[str, dict[str, dict[str, Any]]]) -> str:
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in _ok(records):
+        groups[(r["task"], r["method"], _setting_str(r["setting"]))].append(r["success_t1"])
+    lines = ["| task | method | setting | tuning runs | success (T=1) | chosen |", "|---|---|---|---|---|---|"]
+    for (task, method, s), xs in sorted(groups.items()):
+        mark = "**yes**" if _setting_str(chosen.get(task, {}).get(method, {})) == s else ""
+        lines.append(f"| {task} | {method} | {s} | {len(xs)} | {statistics.fmean(xs):.3f} | {mark} |")
+    return "\n".join(lines)
+
+
+def _setting_str(setting: dict[str, Any]) -> str:
+    short = {"optim.lr": "lr", "loss.beta": "β", "loss.eps": "ε"}
+    return ", ".join(f"{short.get(k, k)}={v:g}" if isinstance(v, float) else f"{short.get(k, k)}={v}"
+                     for k, v in sorted(setting.items())) or "(defaults)"
+
+
+def cells(records: Sequence[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in _ok(records):
+        out[(r["task"], r["budget"], r["method"])].append(r)
+    return out
+
+
+def results_table(records: Sequence[dict[str, Any]], baseline: str = "grpo") -> str:
+    """Final held-out success per (task, budget, method), and the paired difference to GRPO."""
+    by = cells(records)
+    lines = [f"| task | B | method | seeds | success T=1 [95% CI] | Δ vs {baseline} (paired) | greedy success | "
+             "trajs / 1k tok | tool calls | env steps | zero-adv tokens | step weight |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, budget, method), rs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], _order(kv[0][2]))):
+        t1 = {r["seed"]: r["success_t1"] for r in rs}
+        base = {r["seed"]: r["success_t1"] for r in by.get((task, budget, baseline), [])}
+        diff = "—" if method == baseline else fmt(*paired(t1, base)[:3], signed=True)
+        lines.append(
+            f"| {task} | {budget} | {method} | {len(rs)} | {fmt(*bootstrap_ci(list(t1.values())))} | {diff} | "
+            f"{fmt(*bootstrap_ci([r['success'] for r in rs]))} | "
+            f"{statistics.fmean(r['trajectories_per_1k_tokens'] for r in rs):.1f} | "
+            f"{statistics.fmean(r['tool_calls'] for r in rs):.0f} | {statistics.fmean(r['env_steps'] for r in rs):.0f} | "
+            f"{statistics.fmean(r['zero_adv_frac'] for r in rs):.2f} | {statistics.fmean(r['pg_weight'] for r in rs):.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def ablation_table(records: Sequence[dict[str, Any]]) -> str:
+    by = cells(records)
+    lines = ["| task | variant | seeds | success T=1 [95% CI] | trajs / 1k tok | zero-adv tokens | step weight |",
+             "|---|---|---|---|---|---|---|"]
+    for (task, _, method), rs in sorted(by.items()):
+        lines.append(f"| {task} | {method} | {len(rs)} | {fmt(*bootstrap_ci([r['success_t1'] for r in rs]))} | "
+                     f"{statistics.fmean(r['trajectories_per_1k_tokens'] for r in rs):.1f} | "
+                     f"{statistics.fmean(r['zero_adv_frac'] for r in rs):.2f} | "
+                     f"{statistics.fmean(r['pg_weight'] for r in rs):.3f} |")
+    return "\n".join(lines)
+
+
+_METHOD_ORDER = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+")
+
+
+def _order(method: str) -> int:
+    return _METHOD_ORDER.index(method) if method in _METHOD_ORDER else len(_METHOD_ORDER)
+
+
+def plot_curves(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Held-out success (T=1) against generated tokens, mean over seeds with a 95% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = cells(records)
+    panels = sorted({(t, b) for t, b, _ in by})
+    cols = min(3, len(panels)) or 1
+    rows = (len(panels) + cols - 1) // cols or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, (task, budget) in zip(axes.flat, panels):
+        for method in sorted({m for t, b, m in by if (t, b) == (task, budget)}, key=_order):
+            rs = by[(task, budget, method)]
+            n = min(len(r["curve"]) for r in rs)
+            xs, ms, los, his = [], [], [], []
+            for i in range(n):
+                xs.append(statistics.fmean(r["curve"][i][0] for r in rs))
+                m, lo, hi = bootstrap_ci([r["curve"][i][2] for r in rs])
+                ms.append(m), los.append(lo), his.append(hi)
+            c = f"C{_order(method)}"
+            ax.plot(xs, ms, marker=".", color=c, label=method)
+            ax.fill_between(xs, los, his, color=c, alpha=0.15)
+        ax.set_title(f"{task}, B={budget} per prompt")
+        ax.set_xlabel("generated rollout tokens")
+        ax.set_ylabel("held-out success (T=1)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_budgets(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Final held-out success (T=1) against the per-prompt budget B, with 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = cells(records)
+    tasks = sorted({t for t, _, _ in by})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.2), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        methods = sorted({m for t, _, m in by if t == task}, key=_order)
+        for j, method in enumerate(methods):
+            budgets = sorted(b for t, b, m in by if t == task and m == method)
+            stats = [bootstrap_ci([r["success_t1"] for r in by[(task, b, method)]]) for b in budgets]
+            xs = [b * (1 + 0.04 * (j - len(methods) / 2)) for b in budgets]
+            ax.errorbar(xs, [s[0] for s in stats], yerr=[[s[0] - s[1] for s in stats], [s[2] - s[0] for s in stats]],
+                        marker="o", capsize=3, color=f"C{_order(method)}", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_title(task)
+        ax.set_xlabel("rollout budget per prompt B (trajectory-equivalents)")
+        ax.set_ylabel("final held-out success (T=1)")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out: Path, tuning: Sequence[dict[str, Any]], chosen: dict[str, dict[str, dict[str, Any]]],
+                 ablations: Sequence[dict[str, Any]], report: Sequence[dict[str, Any]], header: str) -> Path:
+    """Write report.md and its plots into ``out``; return the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [f"# Equal-budget study\n\n{header}\n"]
+    if report:
+        plot_curves(report, out / "success_vs_tokens.png")
+        plot_budgets(report, out / "success_vs_budget.png")
+        parts += ["## Final held-out success\n",
+                  "Success is measured on 64 held-out episodes at temperature 1 (T=1) and greedily, after the "
+                  "run's last step. Intervals are 95% bootstrap intervals over seeds; Δ is the mean paired "
+                  "difference to GRPO on the same seeds. *trajs / 1k tok*: trajectories trained on per 1,000 "
+                  "generated tokens; *zero-adv tokens*: share of action tokens with advantage exactly 0; *step "
+                  "weight*: mean |∂loss/∂log π| per action token at ratio 1 (PPO: |A|, TreeOPSD: |r*−1|).\n",
+                  results_table(report), "",
+                  "![success against generated tokens](success_vs_tokens.png)\n",
+                  "![final success against budget](success_vs_budget.png)\n"]
+    if ablations:
+        parts += ["## Mechanisms (ablations at B=%d, tuned reference learning rate)\n" % ablations[0]["budget"],
+                  ablation_table(ablations), ""]
+    if tuning:
+        parts += ["## Tuning (tuning seeds, disjoint from the report seeds)\n", tuning_table(tuning, chosen), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(parts) + "\n")
+    return path

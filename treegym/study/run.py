@@ -1,0 +1,149 @@
+"""Run the grid's training runs in parallel worker processes, appending each result to JSONL.
+
+The results file is the study's state: a run whose key is already in it is skipped, so an
+interrupted study resumes where it stopped, and a finished one reprints its report at once.
+A run that fails is recorded with its error (and retried on the next invocation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from treegym.study.grid import RunSpec
+
+# Each worker is one single-threaded trainer: two workers use two cores without oversubscribing.
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _init_worker() -> None:
+    for var in _THREAD_VARS:
+        os.environ[var] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def probe_model_for(spec: RunSpec) -> str:
+    import gymnasium as gym
+
+    import treegym  # noqa: F401  (registers the probe ids)
+    from treegym.envs.probe_model import build_probe_model
+
+    env = gym.make(spec.task.env, horizon=spec.task.horizon, choices=spec.task.choices).unwrapped
+    return str(build_probe_model(env, spec.task.turn_tokens))
+
+
+def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
+    """Train one run of the grid; return its record (never raises: failures are records)."""
+    import warnings
+
+    from treegym.trainers.config import load_config
+    from treegym.trainers.loop import train
+
+    t0 = time.time()
+    base = {"key": spec.key, "phase": spec.phase, "task": spec.task.name, "method": spec.method.name,
+            "algo": spec.method.algo, "budget": spec.budget, "seed": spec.seed, "setting": dict(spec.setting)}  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load_config(overrides=list(spec.overrides(probe_model_for(spec), out_dir).items()))
+            result = train(cfg, progress=False)
+    except Exception as exc:  # a failed run is a record, so that the grid goes on
+        return {**base, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+    shutil.rmtree(result.folder, ignore_errors=True)  # the record holds all the study needs
+    steps = [h for h in result.history if "reward" in h]
+    evals = [h for h in result.history if "eval_em" in h]
+
+    def mean(key: str) -> float:
+        xs = [h[key] for h in steps if key in h]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    generated = sum(h["generated_tokens"] for h in steps)
+    trajectories = sum(h["trajectories"] for h in steps)
+    return {
+        **base,
+        "steps": result.steps, "tokens": result.tokens_total, "trajectories": trajectories,
+        "tool_calls": sum(h["tool_calls"] for h in steps), "env_steps": sum(h["env_steps"] for h in steps),
+        "success_before": evals[0]["eval_em"] if evals else None,
+        "success_before_t1": evals[0].get("eval_em_t1") if evals else None,
+        "success": evals[-1]["eval_em"] if evals else None,
+        "success_t1": evals[-1].get("eval_em_t1") if evals else None,
+        "curve": [(h["tokens_total"], h["eval_em"], h.get("eval_em_t1")) for h in evals],
+        "reward_first": statistics.fmean(h["reward"] for h in steps[:3]) if steps else None,
+        "reward_last": statistics.fmean(h["reward"] for h in steps[-3:]) if steps else None,
+        "trajectories_per_1k_tokens": 1000 * trajectories / max(generated, 1),
+        "zero_adv_frac": mean("zero_adv_frac"), "pg_weight": mean("pg_weight"), "adv_abs": mean("adv_abs"),
+        "approx_kl": mean("approx_kl"), "seconds": time.time() - t0,
+    }  # fmt: skip
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """Every record in ``path``; a torn last line (a kill mid-append) is skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def run_all(specs: Sequence[RunSpec], results: Path, out_dir: Path, workers: int, label: str,
+            progress: bool = True) -> list[dict[str, Any]]:
+    """Run every spec not yet in ``results`` (in ``workers`` processes); return all its records."""
+    done = {r["key"] for r in read_results(results) if "error" not in r}
+    todo = [s for s in specs if s.key not in done]
+    if todo:
+        _build_models(todo)
+        _execute(todo, results, out_dir, workers, label, progress)
+    by_key = {r["key"]: r for r in read_results(results)}
+    return [by_key[s.key] for s in specs if s.key in by_key]
+
+
+def _build_models(specs: Iterable[RunSpec]) -> None:
+    """Build each task's probe model once, here, before the workers race for it."""
+    seen = set()
+    for spec in specs:
+        if spec.task not in seen:
+            seen.add(spec.task)
+            probe_model_for(spec)
+
+
+def _execute(todo: list[RunSpec], results: Path, out_dir: Path, workers: int, label: str, progress: bool) -> None:
+    from tqdm import tqdm
+
+    results.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(todo), desc=label, unit="run", disable=not progress)
+    failed = 0
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+        pending = {pool.submit(run_one, spec, str(out_dir)) for spec in todo}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                record = fut.result()
+                failed += "error" in record
+                with results.open("a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                bar.update(1)
+                if failed:
+                    bar.set_postfix(failed=failed)
+    bar.close()
+    if failed:
+        errors = [r for r in read_results(results) if "error" in r][-1:]
+        print(f"{failed} run(s) failed; the last: {errors[0]['error'] if errors else '?'} (rerun to retry them)")
