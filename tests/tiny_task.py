@@ -12,6 +12,8 @@ trainers load it through the same path as any local model.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,6 +45,7 @@ class TinyKeysEnv(ForkableEnv[KeysState]):
         return self._remember([], parsed=action)
 
     def resolve(self, results: Sequence[Any]) -> StepResult:
+        _die_if_asked()
         _, action = self._take_pending()
         s = self.state
         words = str(action).split()
@@ -54,6 +57,22 @@ class TinyKeysEnv(ForkableEnv[KeysState]):
         if done:
             info["em"] = float(s.correct == self.max_turns)
         return ("" if done else ("ok" if hit else "no")), hit / self.max_turns, done, False, info
+
+
+def _die_if_asked() -> None:
+    """For crash-recovery tests: SIGKILL this process in the middle of a training step, once its
+    run has logged step N (``TINY_KILL_AFTER="<metrics.jsonl>:N"``). The config stays the same
+    as the run that resumes it, so the kill lives in the process environment, not in env kwargs."""
+    spec = os.environ.get("TINY_KILL_AFTER")
+    if not spec:
+        return
+    path, step = spec.rsplit(":", 1)
+    try:
+        logged = f'"step": {int(step)},' in Path(path).read_text()
+    except OSError:
+        return
+    if logged:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:

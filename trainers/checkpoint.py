@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,10 @@ import numpy as np
 import torch
 
 from treegym.errors import TreegymError
+
+
+class CheckpointError(TreegymError):
+    """A checkpoint file cannot be read, or does not fit the model being trained."""
 
 
 @dataclass
@@ -61,15 +66,18 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{state.step}.pt"
     tmp = folder / f".step_{state.step}.pt.tmp"
-    torch.save(
-        {
-            "model": trainable_state(model),
-            "optimizer": optimizer.state_dict(),
-            "rng": rngs if rngs is not None else [rng_state()],
-            "state": state.__dict__,
-        },
-        tmp,
-    )
+    with tmp.open("wb") as f:
+        torch.save(
+            {
+                "model": trainable_state(model),
+                "optimizer": optimizer.state_dict(),
+                "rng": rngs if rngs is not None else [rng_state()],
+                "state": state.__dict__,
+            },
+            f,
+        )
+        f.flush()
+        os.fsync(f.fileno())  # a crash after the rename must not leave an empty file under the name
     os.replace(tmp, path)
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
@@ -89,15 +97,45 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     """Restore weights, optimiser and RNG from ``path``; return the loop state to continue from."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(data, dict) or not {"model", "optimizer", "rng", "state"} <= set(data):
+            raise ValueError("not a treegym checkpoint")
         missing = set(trainable_state(model)) - set(data["model"])
         if missing:
             raise KeyError(f"weights missing for {sorted(missing)[:3]}")
-        model.load_state_dict(data["model"], strict=False)
-        optimizer.load_state_dict(data["optimizer"])
-    except (OSError, RuntimeError, KeyError, ValueError) as exc:
-        raise TreegymError(f"checkpoint {path} cannot be loaded ({exc}); delete it to resume from an older one") from exc
-    rngs = data["rng"]
+        rngs = data["rng"]
+        state = TrainState(**data["state"])
+    except Exception as exc:  # torch.load of a torn or foreign file raises almost anything
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}); "
+                              "delete it to resume from an older one") from exc
     if rank >= len(rngs):
         raise TreegymError(f"checkpoint {path} was written by {len(rngs)} processes; resume it with as many")
+    try:
+        model.load_state_dict(data["model"], strict=False)
+        optimizer.load_state_dict(data["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this model or optimiser ({exc}); "
+                              "resume with the config it was written with") from exc
     set_rng_state(rngs[rank], generators)
-    return TrainState(**data["state"])
+    return state
+
+
+def load_latest_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0,
+                           generators: dict[str, torch.Generator] | None = None) -> tuple[TrainState, Path] | None:
+    """Load the newest readable checkpoint in ``folder`` (None when there is none). An
+    unreadable newer one (empty, torn, garbage) is skipped with a warning; when every one is
+    unreadable, raise a CheckpointError naming them."""
+    found = list_checkpoints(folder)
+    errors = []
+    for path in reversed(found):
+        try:
+            state = load_checkpoint(path, model, optimizer, rank, generators)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+            continue
+        for err in errors:
+            warnings.warn(f"{err}; resuming from {path.name} instead", stacklevel=2)
+        return state, path
+    if errors:
+        raise CheckpointError(f"no checkpoint in {folder} can be loaded: {'; '.join(errors)}. Delete them (or "
+                              "set run.resume=false) to start the run over")
+    return None

@@ -37,8 +37,7 @@ from treegym.trainers.advantages import get_advantage
 from treegym.trainers.algorithms import advantage_kwargs, get_algorithm, leaves_per_prompt, loss_kwargs
 from treegym.trainers.checkpoint import (
     TrainState,
-    list_checkpoints,
-    load_checkpoint,
+    load_latest_checkpoint,
     rng_state,
     save_checkpoint,
 )
@@ -46,6 +45,7 @@ from treegym.trainers.config import TrainConfig, to_dict
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
 from treegym.trainers.losses import aggregate, get_policy_loss, kl_k3
 from treegym.trainers.rollout import sample_chains, sample_trees
+from treegym.trainers.run_folder import open_run_folder, remove_if_unused
 from treegym.trainers.runlog import RunLog, plot_metrics
 from treegym.trainers.types import Rollout, RolloutBatch
 
@@ -72,18 +72,39 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
     dist, device = rt.setup_distributed(cfg.model_opts.device)
+    folder: Path | None = None
     try:
-        return _train(cfg, dist, device, progress, t_start)
+        folder = _open_folder(cfg, dist)
+        return _train(cfg, folder, dist, device, progress, t_start)
+    except BaseException:
+        if folder is not None and dist.main:
+            remove_if_unused(folder)  # a failed run leaves no empty run folder behind
+        raise
     finally:
         rt.teardown_distributed()
 
 
-def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool, t_start: float) -> RunResult:
+def _open_folder(cfg: TrainConfig, dist: rt.Dist) -> Path:
+    """The main process opens the run folder; every process gets it, or the same error."""
+    got: Path | TreegymError | None = None
+    if dist.main:
+        try:
+            got = open_run_folder(cfg, time.strftime("%Y%m%d-%H%M%S"))
+        except TreegymError as exc:
+            got = exc
+    got = rt.broadcast_object(got, dist)
+    if isinstance(got, TreegymError):
+        raise got
+    assert got is not None
+    return got
+
+
+def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, progress: bool,
+           t_start: float) -> RunResult:
     algo = get_algorithm(cfg.algo)
     rt.seed_everything(cfg.seed * 1000 + dist.rank)
 
-    # ---- run folder, model, optimiser, envs --------------------------------------------------
-    folder = rt.broadcast_object(_run_folder(cfg) if dist.main else None, dist)
+    # ---- model, optimiser, envs --------------------------------------------------------------
     model, tokenizer = rt.load_trainable_model(cfg, device)
     scorer = TokenScorer(model)
     trainer = DistributedDataParallel(scorer) if dist.on else scorer
@@ -136,12 +157,12 @@ def _train(cfg: TrainConfig, dist: rt.Dist, device: torch.device, progress: bool
 
     # ---- resume ------------------------------------------------------------------------------
     state = TrainState()
-    ckpts = list_checkpoints(folder / "checkpoints") if cfg.run.resume else []
-    if ckpts:
-        state = load_checkpoint(ckpts[-1], model, optimizer, dist.rank, generators)
+    loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
+    if loaded is not None:
+        state, path = loaded
         policy.clear_cache()
         if dist.main:
-            print(f"resumed from {ckpts[-1]} (step {state.step})")
+            print(f"resumed from {path} (step {state.step})")
     log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     if "em_before" not in state.extra:
@@ -408,13 +429,3 @@ def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) ->
         write_tree_html(path, batch.trees, tokenizer, title=title)
     except Exception as exc:  # a view is a convenience: never lose a finished run over it
         warnings.warn(f"could not write {path}: {exc}", stacklevel=1)
-
-
-def _run_folder(cfg: TrainConfig) -> Path:
-    name = cfg.run.name or f"{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-    folder = Path(cfg.run.out_dir).expanduser() / name
-    (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
-    import yaml
-
-    (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return folder

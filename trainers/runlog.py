@@ -66,9 +66,25 @@ class RunLog:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics file. A line that is not a JSON object (a run killed mid-append
+    leaves a torn last line) is skipped with a warning: the steps it logged are redone."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, bad = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    if bad:
+        warnings.warn(f"{path}: skipped {bad} unreadable line(s) (a torn write?)", stacklevel=2)
+    return rows
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

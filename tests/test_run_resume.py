@@ -1,0 +1,149 @@
+"""Runs never mix with another run's files, and a resume survives a crash: SIGKILL mid-step, a torn
+metrics line, an unreadable checkpoint. Real training of the tiny model (tests/tiny_task.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_task import build_tiny_model
+
+from treegym.errors import ConfigError, TreegymError
+from treegym.paths import cache_dir
+from treegym.trainers.checkpoint import list_checkpoints
+from treegym.trainers.config import TrainConfig, load_config
+from treegym.trainers.loop import train
+from treegym.trainers.runlog import read_metrics
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    return build_tiny_model(cache_dir("test-models") / "tiny-keys-v1")
+
+
+SMALL = {
+    "env": "tiny_task:TinyKeysEnv", "algo": "grpo", "sampler.max_new_tokens": 1, "sampler.max_turns": 2,
+    "prompts_per_step": 2, "sampler.group_size": 4, "optim.lr": 1e-2, "optim.mini_batch_size": 8,
+    "optim.micro_batch_size": 8, "run.eval_n": 0, "run.tensorboard": False, "run.plots": False,
+    "run.trees_html": False, "run.save_every": 1, "run.name": "run",
+}  # fmt: skip
+
+
+def small_config(model: Path, out: Path, **overrides: Any) -> TrainConfig:
+    base: dict[str, Any] = {**SMALL, "model": str(model), "run.out_dir": str(out)}
+    base.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return load_config(overrides=list(base.items()))
+
+
+def steps_logged(folder: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(folder / "metrics.jsonl") if "reward" in r]
+
+
+def test_a_fresh_run_into_an_old_run_folder_starts_clean(tiny_model: Path, tmp_path: Path) -> None:
+    old = train(small_config(tiny_model, tmp_path, steps=4), progress=False)
+    assert [p.name for p in list_checkpoints(old.folder / "checkpoints")] == ["step_3.pt", "step_4.pt"]
+    with pytest.warns(UserWarning, match=r"starting .* over \(run.resume=false\)"):
+        new = train(small_config(tiny_model, tmp_path, steps=2, run__resume=False), progress=False)
+    assert new.folder == old.folder
+    # The old run's step_3/step_4 are gone, so they neither crowd out the new checkpoints ...
+    assert [p.name for p in list_checkpoints(new.folder / "checkpoints")] == ["step_1.pt", "step_2.pt"]
+    assert steps_logged(new.folder) == [1, 2]
+    # ... nor get resumed by the next default run: it continues the new run from its step 2.
+    again = train(small_config(tiny_model, tmp_path, steps=3), progress=False)
+    assert steps_logged(again.folder) == [1, 2, 3]
+    assert [r["reward"] for r in again.history if "reward" in r][:2] == [r["reward"] for r in new.history if "reward" in r]
+
+
+def test_a_resume_with_another_config_is_refused_naming_what_changed(tiny_model: Path, tmp_path: Path) -> None:
+    train(small_config(tiny_model, tmp_path, steps=1), progress=False)
+    with pytest.raises(ConfigError, match=r"another config \(seed: 0 -> 1; optim.lr: 0.01 -> 0.02\).*run.resume=false"):
+        train(small_config(tiny_model, tmp_path, steps=2, optim__lr=0.02, seed=1), progress=False)
+    # steps (and where or how often to write) may change on resume
+    assert train(small_config(tiny_model, tmp_path, steps=2, run__save_every=2), progress=False).steps == 2
+
+
+def test_a_torn_last_metrics_line_does_not_break_resume(tiny_model: Path, tmp_path: Path) -> None:
+    first = train(small_config(tiny_model, tmp_path, steps=2), progress=False)
+    with (first.folder / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "rew')  # killed mid-append
+    with pytest.warns(UserWarning, match="unreadable line"):
+        resumed = train(small_config(tiny_model, tmp_path, steps=3), progress=False)
+    assert steps_logged(resumed.folder) == [1, 2, 3]
+    assert all(isinstance(json.loads(line), dict) for line in (resumed.folder / "metrics.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one(damage: str, tiny_model: Path, tmp_path: Path) -> None:
+    straight = train(small_config(tiny_model, tmp_path, steps=2), progress=False)
+    newest = straight.folder / "checkpoints" / "step_2.pt"
+    data = newest.read_bytes()
+    newest.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "garbage": b"\x80\x04not a checkpoint"}[damage])
+    with pytest.warns(UserWarning, match=r"step_2.pt cannot be loaded .*resuming from step_1.pt instead"):
+        resumed = train(small_config(tiny_model, tmp_path, steps=2), progress=False)
+    # step 2 was redone from step 1's exact state: the same weights as the straight run
+    assert resumed.replica_digests == straight.replica_digests
+    assert steps_logged(resumed.folder) == [1, 2]
+
+
+def test_every_checkpoint_unreadable_is_a_clear_error(tiny_model: Path, tmp_path: Path) -> None:
+    first = train(small_config(tiny_model, tmp_path, steps=2), progress=False)
+    for path in list_checkpoints(first.folder / "checkpoints"):
+        path.write_bytes(b"")
+    with pytest.raises(TreegymError, match=r"no checkpoint in .* can be loaded: .*step_2.pt.*step_1.pt.*run.resume=false"):
+        train(small_config(tiny_model, tmp_path, steps=3), progress=False)
+    assert list_checkpoints(first.folder / "checkpoints")  # nothing of the old run was deleted
+
+
+def test_a_failed_run_leaves_no_empty_run_folder(tiny_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot import NoSuchEnv"):
+        train(small_config(tiny_model, tmp_path, steps=1, env="tiny_task:NoSuchEnv"), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+# ---- SIGKILL in the middle of a step, resumed in a fresh process ---------------------------------
+
+KILLED = [("tree-grpo", False), ("grpo", True), ("treeopsd", False)]
+
+
+def _train_cmd(model: Path, out: Path, name: str, algo: str, lora: bool) -> list[str]:
+    cfg = {**SMALL, "algo": algo, "model": str(model), "run.out_dir": str(out), "run.name": name, "steps": 5,
+           "run.save_every": 2, "run.eval_n": 2, "model_opts.lora": lora, "model_opts.lora_r": 4}  # fmt: skip
+    return [sys.executable, "-m", "treegym.cli", "train", "--no-progress", *(f"--{k}={v}" for k, v in cfg.items())]
+
+
+@pytest.mark.parametrize(("algo", "lora"), KILLED, ids=[f"{a}{'-lora' if lo else ''}" for a, lo in KILLED])
+def test_a_run_killed_mid_step_and_resumed_in_a_new_process_equals_an_uninterrupted_run(
+    algo: str, lora: bool, tiny_model: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    killed = tmp_path / "killed"
+    # Killed during step 4's rollout: step 3 is logged but only step 2 is checkpointed.
+    kill = {**env, "TINY_KILL_AFTER": f"{killed / 'metrics.jsonl'}:3"}
+    proc = subprocess.run(_train_cmd(tiny_model, tmp_path, "killed", algo, lora), env=kill, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(killed / "checkpoints")] == ["step_2.pt"]
+    assert steps_logged(killed) == [1, 2, 3]
+    # One fresh process resumes the killed run, then runs the same config uninterrupted.
+    resume, straight = (_train_cmd(tiny_model, tmp_path, n, algo, lora)[3:] for n in ("killed", "straight"))
+    both = "import sys; from treegym.cli import main; n = int(sys.argv[1]); sys.exit(main(sys.argv[2:2 + n]) or main(sys.argv[2 + n:]))"
+    proc = subprocess.run([sys.executable, "-c", both, str(len(resume)), *resume, *straight], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {killed / 'checkpoints' / 'step_2.pt'} (step 2)" in proc.stdout
+    a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("killed", "straight"))
+    assert a["steps"] == b["steps"] == 5
+    assert a["replica_digests"] == b["replica_digests"]
+    assert a["tokens_total"] == b["tokens_total"] and a["em_before"] == b["em_before"] and a["em_after"] == b["em_after"]
+    rows = [[(r["step"], r["reward"]) for r in read_metrics(tmp_path / n / "metrics.jsonl") if "reward" in r]
+            for n in ("killed", "straight")]  # fmt: skip
+    assert rows[0] == rows[1] and [s for s, _ in rows[0]] == [1, 2, 3, 4, 5]
