@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from treegym.agents.policy import SamplingParams
@@ -22,7 +23,8 @@ def add_commands(subparsers: Any) -> None:
         help="evaluate an agent on an env (EM, F1, success with 95%% intervals)",
         description="Run AGENT on N tasks of ENV and print EM, F1 and success with 95% intervals "
         "(Wilson for rates, bootstrap for means), average turns and tool calls. Writes "
-        "traces.jsonl and report.json to --out; --trees also writes trees.html.",
+        "traces.jsonl and report.json to --out; --trees also writes trees.html. Exits 1 when every "
+        "episode failed (the agent raised), 2 on a usage error.",
     )
     p.add_argument("--agent", required=True, help=_AGENT_HELP)
     p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
@@ -62,4 +64,9 @@ def run_eval(args: argparse.Namespace) -> int:
             print(f"failed: {err}")
         for kind, path in report.files.items():
             print(f"{kind}: {path}")
+    if report.errors and len(report.errors) == report.n:
+        # Exit 1 (not 2, a usage error): the run happened, but no episode got a score.
+        print(f"treegym eval: error: every episode failed ({report.n} of {report.n}); first: {report.errors[0]}",
+              file=sys.stderr)
+        return 1
     return 0

@@ -231,6 +231,10 @@ def evaluate(
     """
     if n < 1:
         raise ConfigError(f"n must be at least 1, got {n}")
+    if max_turns is not None and max_turns < 1:
+        raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a file; pass a folder (it gets traces.jsonl and report.json)")
     # The agent first: a bad spec should fail before an index is built.
     resolved = resolve_agent(agent, env_id) if isinstance(agent, str) else ResolvedAgent(str(type(agent).__name__), agent)
     if trees and not resolved.is_policy:

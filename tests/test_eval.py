@@ -131,3 +131,22 @@ def test_bootstrap_interval_brackets_the_mean_and_collapses_for_constants():
     assert (iv.mean, iv.low, iv.high) == (2.0, 2.0, 2.0)
     iv = bootstrap_interval([0.0, 1.0, 0.5, 0.25])
     assert iv.low <= iv.mean <= iv.high and iv.low < iv.high
+
+
+def test_eval_refuses_zero_turns_and_an_out_path_that_is_a_file(tmp_path, capsys):
+    common = ["eval", "--agent", "heuristic", "--env", "TreeSearchQA-v0", "--n", "1", "--no-progress",
+              "--env-kwargs", json.dumps(QA_KWARGS)]
+    assert main([*common, "--max-turns", "0"]) == 2
+    assert "max_turns must be at least 1, got 0" in capsys.readouterr().err
+    taken = tmp_path / "report.txt"
+    taken.write_text("not a folder")
+    assert main([*common, "--out", str(taken)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file; pass a folder" in err and "Traceback" not in err
+
+
+def test_eval_exits_nonzero_when_every_episode_failed(capsys):
+    rc = main(["eval", "--agent", "test_eval:exploding_agent", "--env", "TreeSearchQA-v0", "--n", "2",
+               "--no-progress", "--env-kwargs", json.dumps(QA_KWARGS)])
+    assert rc == 1
+    assert "every episode failed (2 of 2)" in capsys.readouterr().err

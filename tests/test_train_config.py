@@ -79,3 +79,37 @@ def test_algorithms_are_records_of_sampler_advantage_and_loss() -> None:
     assert loss_kwargs(get_algorithm("grpo"), TrainConfig())["clip"] == 0.2
     with pytest.raises(ConfigError, match="tree-grpo"):
         get_algorithm("dpo")
+
+
+@pytest.mark.parametrize(
+    "path", ["optim.lr", "sampler.temperature", "loss.clip", "loss.beta", "optim.max_grad_norm", "loss.kl_coef",
+             "optim.weight_decay"],
+)  # fmt: skip
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_nonfinite_numbers_are_refused(path: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"{path}: must be a finite number"):
+        load_config(overrides=[(path, value)])
+
+
+def test_a_nonfinite_number_in_yaml_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("loss:\n  clip: .nan\n")
+    with pytest.raises(ConfigError, match="loss.clip: must be a finite number"):
+        load_config(f)
+
+
+def test_a_zero_constant_normalizer_is_refused() -> None:
+    with pytest.raises(ConfigError, match="loss.constant_normalizer: must be > 0"):
+        load_config(overrides=[("loss.constant_normalizer", "0")])
+
+
+def test_a_config_that_is_a_folder_or_binary_is_a_config_error(tmp_path: Path) -> None:
+    from treegym.cli import main
+
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x81binary")
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
+    with pytest.raises(ConfigError, match="cannot be read as YAML text"):
+        load_config(binary)
+    assert main(["train", "--config", str(binary)]) == 2

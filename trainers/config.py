@@ -9,6 +9,7 @@ naming the field and what it accepts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -242,11 +243,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         choices = f.metadata.get("choices")
         if choices and obj not in choices:
             raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, choices))}")
+        if isinstance(obj, float) and not math.isfinite(obj):
+            raise ConfigError(f"config field {path}: must be a finite number, got {obj}")
         if isinstance(obj, (int, float)) and not isinstance(obj, bool) and obj < 0:
             raise ConfigError(f"config field {path}: must be >= 0, got {obj}")
     positive = ["steps", "prompts_per_step", "sampler.group_size", "sampler.trees", "sampler.leaves",
                 "sampler.max_new_tokens", "sampler.max_turns", "optim.ppo_epochs", "optim.mini_batch_size",
-                "optim.micro_batch_size", "optim.lr", "loss.beta"]  # fmt: skip
+                "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer"]  # fmt: skip
     for path in positive:
         obj = cfg
         for p in path.split("."):
@@ -265,10 +268,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, A
     cfg = TrainConfig()
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder; pass a YAML file")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file {p} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {p} cannot be read as YAML text ({type(exc).__name__})") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
