@@ -16,10 +16,17 @@ A step is two phases, so that a pool of envs can batch tool calls across envs:
 2. ``resolve(results) -> (obs, reward, terminated, truncated, info)``: apply their results.
 
 ``step(action)`` runs both, executing the calls on the env's own tools in between.
+
+An episode ends when a step returns ``terminated`` or ``truncated``. Every env then refuses
+the next step the same way, from ``plan``: ``TreegymError("step() after the episode ended:
+call env.reset()")`` (and ``"step() before reset()"`` before the first reset). ``restore``
+takes only a ``Snapshot`` of the same env class whose state is the class's declared state
+type (``ForkableEnv[ItsState]``), so a hand-made snapshot fails there, not in a later step.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -27,6 +34,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from treegym.errors import TreegymError
 
 StateT = TypeVar("StateT")
 
@@ -107,12 +116,16 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         state: the current episode state, or ``None`` before the first reset.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 
     tools: dict[str, Tool]
     state: StateT | None = None
 
-    def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20) -> None:
+    def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata.get("render_modes", ()):
+            raise ValueError(f"render_mode must be None or one of {self.metadata.get('render_modes')}, got {render_mode!r}")
+        self.render_mode = render_mode
         self.observation_space = UnicodeText(max_obs_chars)
         self.action_space = UnicodeText(max_action_chars)
         self.tools = {}
@@ -170,6 +183,10 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
             raise TypeError(f"restore() takes a Snapshot, got {type(snapshot).__name__}")
         if snapshot.env_class != type(self).__qualname__:
             raise ValueError(f"snapshot of {snapshot.env_class} cannot restore a {type(self).__qualname__}")
+        want = state_type(type(self))
+        if snapshot.state is not None and want is not None and not isinstance(snapshot.state, want):
+            raise TypeError(f"snapshot state must be a {want.__name__} (or None), got {type(snapshot.state).__name__}: "
+                            "restore only what snapshot() returned")
         self.state = snapshot.state
         self._pending = None
 
@@ -218,6 +235,25 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         calls, parsed = self._pending, self._parsed
         self._pending, self._parsed = None, None
         return calls, parsed
+
+
+def state_type(cls: type) -> type | None:
+    """The state class an env declares as ``ForkableEnv[ItsState]``; None if it names none."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(base) is ForkableEnv:
+                (arg,) = typing.get_args(base)
+                return arg if isinstance(arg, type) else None
+    return None
+
+
+def require_running(state: Any, ended: bool) -> None:
+    """The one way every env refuses a step: before its first reset, or after its episode
+    ended (terminated or truncated). Called from ``plan``, so an EnvPool refuses it too."""
+    if state is None:
+        raise TreegymError("step() before reset(): call env.reset() first")
+    if ended:
+        raise TreegymError("step() after the episode ended: call env.reset()")
 
 
 def execute_calls(tools: dict[str, Tool], calls: Sequence[ToolCall]) -> list[Any]:

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from treegym.envs import core
 from treegym.envs.core import StepResult
 from treegym.envs.rewards import qa_reward
-from treegym.errors import ConfigError, TreegymError
+from treegym.errors import ConfigError
 from treegym.retrieval_index.types import QAItem
 
 _SHARED: dict[tuple, Any] = {}
@@ -41,10 +42,7 @@ def pick_item(
 
 def require_running(state: Any) -> None:
     """A clear error for stepping before a reset or after the episode ended."""
-    if state is None:
-        raise TreegymError("step() before reset(): call env.reset() first")
-    if state.done:
-        raise TreegymError("step() after the episode ended: call env.reset()")
+    core.require_running(state, state is not None and state.done)
 
 
 def answer_turn(env: Any, state: Any, answer: str) -> tuple[Any, float, dict[str, Any]]:

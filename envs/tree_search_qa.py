@@ -78,6 +78,7 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         passages fall outside it are dropped).
     topk, max_turns, reward, format_score: as above.
     retriever: an already-built Retriever (skips the options above).
+    render_mode: None or ``"ansi"`` (``render()`` returns a one-line summary of the episode).
     """
 
     def __init__(
@@ -100,8 +101,9 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         items: Sequence[QAItem] | None = None,
         synthetic_passages: int = 2000,
         seed: int | None = None,
+        render_mode: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(render_mode=render_mode)
         if reward not in ("em", "f1"):
             raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
         if not 1 <= topk <= 50:

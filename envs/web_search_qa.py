@@ -132,6 +132,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
     reward, format_score: as above.
     cache: use the persistent response cache; cache_path / cache_ttl_s: where, how long.
     http: network policy (timeouts, retries, caps), an ``HttpConfig``.
+    render_mode: None or ``"ansi"`` (``render()`` returns a one-line summary of the episode).
     """
 
     def __init__(
@@ -154,9 +155,11 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         cache_ttl_s: float = 7 * 86400.0,
         http: HttpConfig | None = None,
         max_action_chars: int = 16384,
+        render_mode: str | None = None,
     ) -> None:
         # Bounded spaces: an observation is one page part plus its links, or topk snippets.
-        super().__init__(max_obs_chars=max(65536, page_chars + 16384), max_action_chars=max_action_chars)
+        super().__init__(max_obs_chars=max(65536, page_chars + 16384), max_action_chars=max_action_chars,
+                         render_mode=render_mode)
         if reward not in ("em", "f1"):
             raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
         if not 1 <= topk <= 20:

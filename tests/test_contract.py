@@ -84,3 +84,11 @@ def test_fork_continues_the_parent_rng_stream_independently():
     child_draws = [child.reset()[0] for _ in range(3)]
     assert parent_draws == child_draws
     assert len(set(parent_draws)) > 1
+
+
+def test_restore_rejects_a_hand_made_snapshot_with_a_wrong_state_type():
+    env = ToyEnv()
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="snapshot state must be a ToyState"):
+        env.restore(Snapshot("ToyEnv", ("not", "a", "state")))
+    assert env.step("1")[0] == "total 1"  # the env still holds its own state

@@ -19,6 +19,7 @@ from treegym.envs.household.env import TextHouseholdEnv
 from treegym.envs.household.planner import HouseholdOracle, walkthrough
 from treegym.envs.household.tasks import SPLITS, TASK_TYPES, combos, layouts, make_task, task_ids
 from treegym.envs.household.text import extract_command
+from treegym.errors import TreegymError
 
 COOL_TASK = "train-4"  # index 4 -> pick_cool_then_place_in_recep
 
@@ -60,7 +61,7 @@ def test_gymnasium_env_checker_passes_without_warnings():
 
 
 def test_fork_stays_the_same_size_however_many_steps_were_taken():
-    env, _, info = _env()
+    env, _, info = _env(max_steps=100)
     env.step("look")
     one = len(pickle.dumps(env.fork().snapshot()))
     for _ in range(60):
@@ -116,7 +117,8 @@ def test_expert_walkthrough_wins_with_reward_one_exactly_once():
         assert not info["invalid_action"] and not truncated
         rewards.append(r)
     assert terminated and info["won"] and rewards[-1] == 1.0 and sum(rewards) == 1.0
-    assert env.step("look")[1] == 0.0
+    with pytest.raises(TreegymError, match="after the episode ended"):
+        env.step("look")  # no second reward: the episode is over
 
 
 def test_treatment_commands_change_what_examine_says():
@@ -259,3 +261,28 @@ def test_heuristic_agent_solves_most_tasks_from_the_text_alone():
     episodes = [run_episode(env, agent, options={"task_id": tid}) for tid in _sample("unseen", 3, seed=2)]
     assert all(ep.error is None for ep in episodes)
     assert sum(ep.reward for ep in episodes) >= 0.7 * len(episodes)
+
+
+def test_a_step_after_the_episode_ended_is_refused_like_the_qa_envs():
+    env, _, _ = _env(max_steps=2)
+    env.step("look")
+    assert env.step("look")[3]  # truncated at max_steps
+    with pytest.raises(TreegymError, match=r"step\(\) after the episode ended"):
+        env.step("look")
+    env, _, _ = _env()
+    for cmd in walkthrough(make_task(COOL_TASK)):
+        *_, terminated, _, info = env.step(cmd)
+    assert terminated and info["won"]
+    with pytest.raises(TreegymError, match=r"step\(\) after the episode ended"):
+        env.step("look")
+    env.reset(options={"task_id": COOL_TASK})
+    env.step("look")  # a reset starts a new episode
+
+
+def test_restore_refuses_a_hand_made_snapshot_with_a_wrong_state_type():
+    from treegym.envs import Snapshot
+
+    env, _, _ = _env()
+    with pytest.raises(TypeError, match="snapshot state must be a HouseholdState"):
+        env.restore(Snapshot("TextHouseholdEnv", {"task_id": COOL_TASK}))
+    env.restore(Snapshot("TextHouseholdEnv", None))  # the state before a reset is a state too

@@ -211,3 +211,15 @@ def test_synthetic_world_serves_questions_of_the_asked_hop_count():
     assert len(info["supporting_ids"]) >= 3 and all(info["supporting_titles"])
     obs, *_ = e.step(f"<search>{info['supporting_titles'][0]}</search>")
     assert f"(Title: {info['supporting_titles'][0]})" in obs
+
+
+def test_render_mode_ansi_is_accepted_and_passes_the_render_check():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        e = gym.make("TreeSearchQA-v0", render_mode="ansi", **SLICE)
+        check_env(e.unwrapped)
+    assert [str(w.message) for w in caught] == []
+    e.reset(seed=0)
+    assert isinstance(e.render(), str)
+    with pytest.raises(ValueError, match="render_mode"):
+        TreeSearchQAEnv(render_mode="human", **SLICE)

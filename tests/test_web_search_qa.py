@@ -241,3 +241,13 @@ def env_site_docs(env):
     from treegym.envs.web.local_web import local_web_for
 
     return local_web_for("synthetic", 200).site.docs
+
+
+def test_render_mode_ansi_is_accepted_and_passes_the_render_check(web, tmp_path):
+    env = gym.make("WebSearchQA-v0", render_mode="ansi", dataset=QA, search_url=web.url,
+                   cache_path=str(tmp_path / "cache.sqlite"), http=NET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env.unwrapped)
+    env.reset(seed=0)
+    assert isinstance(env.render(), str)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall, require_running
 from treegym.envs.household.tasks import TASK_TYPES, Task, make_task, normalize_split, task_ids
 from treegym.envs.household.text import extract_command, opening_prompt
 from treegym.envs.household.world import Action, State, actions, apply, goal_met, look_text
@@ -81,7 +81,8 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     - ``put X in/on Y`` is accepted as ``move X to Y``, and commands match case- and
       whitespace-insensitively with a trailing period ignored; the real engine wants the exact
       string. Goal sentences use ALFWorld's templates only (no human annotations).
-    - A step after success is still applied and the episode stays won; ALFWorld's gym wrapper
+    - A step after the episode ended (won, or ``max_steps`` reached) raises ``TreegymError``
+      ("step() after the episode ended"), as in every treegym env; ALFWorld's gym wrapper
       stops the game instead.
     """
 
@@ -95,10 +96,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         max_action_chars: int = 1 << 20,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars)
-        if render_mode not in (None, "ansi"):
-            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        self.render_mode = render_mode
+        super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars, render_mode=render_mode)
         self.split = normalize_split(split)
         self.task_types = self._check_types(task_types)
         self.max_steps = int(max_steps)
@@ -165,6 +163,8 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
 
     def plan(self, action: str) -> list[ToolCall]:
         # No external tools: the whole step happens in resolve(); plan only parses.
+        s = self.state
+        require_running(s, s is not None and (s.won or s.steps >= self.max_steps))
         return self._remember([], parsed=extract_command(action))
 
     def resolve(self, results: Sequence[Any]) -> StepResult:
