@@ -25,7 +25,7 @@ from typing import Any
 from treegym.envs.probes import FILLER, LOOK, SYMBOLS, VOCAB, ProbeEnv
 from treegym.paths import cache_dir
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
 PRIOR_STEPS = 300
 PRIOR_EPISODES = 64  # per batch
 

@@ -16,11 +16,13 @@ legal move is an invalid action (``info["invalid_action"]``) and counts as wrong
   correct turn, feedback "ok"/"no" after each.
 - ``ProbeLock-v0`` (sparse, terminal only): ``horizon`` turns (2 to 8), each a choice among
   ``choices`` symbols; reward 1 at the end only if every turn was right, no feedback on the
-  way ("go"). A uniform policy over the legal moves earns it with probability choices^-horizon.
+  way (the observation is the next turn's number). A uniform policy over the legal moves earns it with probability choices^-horizon.
 - ``ProbeLookup-v0`` (information gathering): a hidden key (one of ``choices`` symbols,
   drawn per episode). ``?`` on the first turn calls the lookup tool, whose result (the key)
-  is the observation; the last turn must name the key. Reward 1 at the end if it does. A
-  policy that never looks is right 1/choices of the time; look-then-copy is always right.
+  is the observation; the last turn must name the key (one of the symbols). Reward 1 at the
+  end if it does. A policy that never looks is right 1/choices of the time; look-then-copy is
+  always right. Under the format prior looking does not pay until copying is learned, and
+  copying is learned only in the episodes that looked: the chicken-and-egg of tool use.
 
 The terminal step's info holds ``success`` and ``em`` (equal: 1.0 or 0.0). A step after the
 episode ended raises ``TreegymError``, as the QA envs do.
@@ -36,7 +38,8 @@ from typing import Any
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
 from treegym.errors import ConfigError, TreegymError
 
-VOCAB = ("[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "?", "x", "go", "ok", "no")
+TURN_MARKS = tuple(str(i) for i in range(1, 17))  # Lock's observation: the number of the next turn
+VOCAB = ("[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "?", "x", "go", "ok", "no", *TURN_MARKS)
 SYMBOLS = ("A", "B", "C", "D", "E", "F")
 LOOK = "?"
 FILLER = ("x",)  # free-text words, besides any other word
@@ -164,10 +167,14 @@ class ProbeKeysEnv(ProbeEnv):
 
 
 class ProbeLockEnv(ProbeEnv):
-    """Terminal-only reward: the whole key sequence right, or nothing; no feedback."""
+    """Terminal-only reward: the whole key sequence right, or nothing; no feedback.
+
+    The observation after turn t is the number of the next turn ("2", "3", ...): where the
+    agent is, never whether it was right.
+    """
 
     def feedback(self, state: ProbeState, hit: bool) -> str:
-        return "go"
+        return TURN_MARKS[state.turn]
 
 
 class ProbeLookupEnv(ProbeEnv):
@@ -187,7 +194,8 @@ class ProbeLookupEnv(ProbeEnv):
         return (self.moves[int(self.np_random.integers(len(self.moves)))],)
 
     def legal_moves(self, state: ProbeState) -> tuple[str, ...]:
-        return (LOOK, *self.moves)
+        # The answer is one of the symbols; before it, looking is one of the moves.
+        return self.moves if state.turn == self.horizon - 1 else (LOOK, *self.moves)
 
     def right(self, state: ProbeState, move: str) -> bool:
         # Only the answer is graded: looking is not rewarded, it is what makes the answer known.

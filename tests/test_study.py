@@ -22,7 +22,7 @@ def tiny_grid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_study_runs_resumes_and_writes_the_report(tiny_grid: None, tmp_path, capsys) -> None:
     args = ["study", "--out", str(tmp_path), "--tasks", "tiny", "--methods", "grpo,tree-grpo", "--budgets", "2",
-            "--seeds", "2", "--tune-seeds", "1", "--no-ablations", "--workers", "2", "--quiet"]
+            "--seeds", "2", "--tune-seeds", "1", "--no-ablations", "--extra-tasks", "", "--workers", "2", "--quiet"]
     assert main(args) == 0
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert not [r for r in records if "error" in r], records

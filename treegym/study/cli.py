@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from treegym.errors import ConfigError
-from treegym.study.grid import ABLATIONS, METHODS, TASKS, Grid, quick_grid
+from treegym.study.grid import ABLATIONS, METHODS, TASKS, Grid, improved_methods, quick_grid
 from treegym.study.report import choose_settings, write_report
 from treegym.study.run import run_all
 
@@ -49,7 +49,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
         changes["tune_seeds"] = tuple(range(1000, 1000 + args.tune_seeds))
     if args.no_ablations:
         changes["ablations"] = ()
-    if args.extra_tasks:
+    if args.extra_tasks is not None:
         changes["extra_tasks"] = args.extra_tasks
     grid = replace(grid, **changes)
     if "grpo" not in grid.methods:
@@ -68,11 +68,17 @@ def _cmd_study(args: argparse.Namespace) -> int:
     t0 = time.time()
     print(f"study: tasks {', '.join(grid.tasks)}; methods {', '.join(grid.methods)}; budgets {grid.budgets}; "
           f"{len(grid.seeds)} report seeds; {workers} workers; results in {results}")
-    tuning = run_all(grid.tuning_runs(), results, runs_dir, workers, "tune", progress=not args.quiet)
+    quiet = args.quiet
+    base = {m: METHODS[m] for m in grid.methods if not m.endswith("+")}
+    tuning = run_all(grid.tuning_runs(base), results, runs_dir, workers, "tune", progress=not quiet)
     chosen = choose_settings(tuning)
-    ablations = run_all(grid.ablation_runs(chosen), results, runs_dir, workers, "ablate", progress=not args.quiet) \
+    ablations = run_all(grid.ablation_runs(chosen), results, runs_dir, workers, "ablate", progress=not quiet) \
         if grid.ablations else []
-    report = run_all(grid.report_runs(chosen), results, runs_dir, workers, "report", progress=not args.quiet)
+    plus = {m: v for m, v in improved_methods(ablations).items() if m in grid.methods}
+    tuning += run_all(grid.tuning_runs(plus), results, runs_dir, workers, "tune+", progress=not quiet) if plus else []
+    chosen = choose_settings(tuning)
+    methods = {**base, **plus}
+    report = run_all(grid.report_runs(chosen, methods), results, runs_dir, workers, "report", progress=not quiet)
     header = (f"`treegym study{' --quick' if args.quick else ''}`: {len(tuning) + len(ablations) + len(report)} runs, "
               f"{workers} workers, {time.time() - t0:.0f} s for this invocation (finished runs are reused). "
               f"Report seeds {grid.seeds[0]}-{grid.seeds[-1]}; tuning seeds {', '.join(map(str, grid.tune_seeds))} "
@@ -80,10 +86,12 @@ def _cmd_study(args: argparse.Namespace) -> int:
               + "Tasks: " + "; ".join(f"**{t}** = {TASKS[t].env} (horizon {TASKS[t].horizon}, {TASKS[t].choices} "
                                        f"choices, {TASKS[t].turn_tokens}-token turns, {TASKS[t].token_budget:,} "
                                        f"generated tokens per run)" for t in (*grid.tasks, *grid.extra_tasks)) + ".\n\n"
-              + "Methods: " + "; ".join(f"**{m}** = {METHODS[m].algo}"
-                                        + (f" with {', '.join(f'{k}={v}' for k, v in METHODS[m].overrides)}"
-                                           if METHODS[m].overrides else " (reference)")
-                                        for m in grid.methods) + ".")  # fmt: skip
+              + "Methods: " + "; ".join(f"**{m}** = {methods[m].algo}"
+                                        + (f" with {', '.join(f'{k}={v}' for k, v in methods[m].overrides)}"
+                                           if methods[m].overrides else " (reference)")
+                                        for m in grid.methods) + ". "
+              + ("The + methods combine the mechanisms that won the ablations below (ablation seeds only)."
+                 if ablations else "The + methods use fixed mechanisms (this grid runs no ablations)."))  # fmt: skip
     path = write_report(out, tuning, chosen, ablations, report, header)
     print(f"report: {path} ({time.time() - t0:.0f} s)")
     return 0
@@ -98,11 +106,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/study", help="folder for results.jsonl, report.md and plots")
     p.add_argument("--workers", type=int, default=0, help="parallel training processes (default: CPU count, at most 8)")
     p.add_argument("--tasks", type=_csv("task", TASKS), help=f"comma-separated, of: {', '.join(TASKS)}")
-    p.add_argument("--extra-tasks", type=_csv("task", TASKS), help="report-only tasks at the tuning budget "
-                   "(e.g. lock-L1,lock-L16 for turn length), tuned as the first task")
+    p.add_argument("--extra-tasks", type=_csv("task", TASKS), help="report-only tasks at the tuning budget, tuned as "
+                   "the first task (default: lookup; '' for none; e.g. lock-L1,lock-L16 for turn length)")
     p.add_argument("--methods", type=_csv("method", METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--budgets", type=_csv("budget", None, int), help="per-prompt budgets B, e.g. 2,4,8")
-    p.add_argument("--seeds", type=int, default=0, help="report seeds per cell (default 16; --quick 4)")
+    p.add_argument("--seeds", type=int, default=0, help="report seeds per cell (default 16; --quick 6)")
     p.add_argument("--tune-seeds", type=int, default=0, help="tuning seeds per setting (default 3; --quick 1)")
     p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

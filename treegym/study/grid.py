@@ -97,26 +97,28 @@ class RunSpec:
 
 TASKS = {
     "lock": Task("lock", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=4, chains=512),
-    "lookup": Task("lookup", "ProbeLookup-v0", horizon=2, choices=4, turn_tokens=4, chains=512),
+    "lookup": Task("lookup", "ProbeLookup-v0", horizon=2, choices=3, turn_tokens=4, chains=512),
     "keys": Task("keys", "ProbeKeys-v0", horizon=4, choices=4, turn_tokens=4, chains=512),
     "lock-L1": Task("lock-L1", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=1, chains=512),
     "lock-L16": Task("lock-L16", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=16, chains=512),
-    "lock-H6": Task("lock-H6", "ProbeLock-v0", horizon=6, choices=2, turn_tokens=4, chains=768),
+    "lock5": Task("lock5", "ProbeLock-v0", horizon=5, choices=2, turn_tokens=4, chains=768),
 }
 
-_LRS = (3e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+_LRS = (5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3)
 PG_TUNE = tuple((("optim.lr", lr),) for lr in _LRS)
 # TreeOPSD's per-token weight is |r* - 1| <= eps, so its grid spans larger steps; the same
 # number of settings (6) as the others.
 OPSD_TUNE = tuple((("optim.lr", lr), ("loss.beta", beta), ("loss.eps", eps))
-                  for lr in (2e-3, 8e-3, 3.2e-2) for beta, eps in ((1.0, 0.2), (0.5, 1.0)))  # fmt: skip
+                  for lr in (1e-3, 3e-3, 9e-3) for beta, eps in ((1.0, 0.2), (0.5, 1.0)))  # fmt: skip
 
 METHODS = {
     "grpo": Method("grpo", "grpo", tune=PG_TUNE),
     "tree-grpo": Method("tree-grpo", "tree-grpo", tune=PG_TUNE),
+    "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
+    # The improved forms: the mechanisms that won the ablations (see ``improved_methods``);
+    # these are the fallbacks used when a study runs no ablations (``--quick``).
     "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "no_root"),
                                                       ("advantage.prefix_credit", "per_turn")), tune=PG_TUNE),
-    "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
     "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", "no_root"), ("advantage.opsd_root", "prompt"),
                                                   ("advantage.opsd_fallback", True)), tune=OPSD_TUNE),
 }
@@ -142,7 +144,7 @@ ABLATIONS = {
 class Grid:
     """The whole study: which tasks, methods, budgets and seeds, for each phase."""
 
-    tasks: tuple[str, ...] = ("lock", "lookup")
+    tasks: tuple[str, ...] = ("lock", "lock5")
     methods: tuple[str, ...] = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+")
     budgets: tuple[int, ...] = (2, 4, 8)
     seeds: tuple[int, ...] = tuple(range(16))
@@ -152,11 +154,12 @@ class Grid:
     ablation_seeds: tuple[int, ...] = tuple(range(2000, 2008))
     ablation_budget: int = 4
     eval_n: int = 64
-    extra_tasks: tuple[str, ...] = ()  # report-only tasks (e.g. turn length), at tune_budget
+    extra_tasks: tuple[str, ...] = ("lookup",)  # report-only tasks (e.g. turn length), at tune_budget
 
-    def tuning_runs(self) -> list[RunSpec]:
-        return [RunSpec("tune", TASKS[t], METHODS[m], self.tune_budget, s, setting, self.eval_n, evals=0)
-                for t in self.tasks for m in self.methods for setting in METHODS[m].tune for s in self.tune_seeds]
+    def tuning_runs(self, methods: dict[str, Method]) -> list[RunSpec]:
+        return [RunSpec("tune", TASKS[t], methods[m], self.tune_budget, s, setting, self.eval_n, evals=0)
+                for t in self.tasks for m in self.methods if m in methods
+                for setting in methods[m].tune for s in self.tune_seeds]
 
     def ablation_runs(self, lr_of: dict[str, dict[str, Any]]) -> list[RunSpec]:
         """Each ablation at the tuned setting of its base algorithm's reference method."""
@@ -170,14 +173,14 @@ class Grid:
                         for s in self.ablation_seeds]
         return out
 
-    def report_runs(self, tuned: dict[str, dict[str, Any]]) -> list[RunSpec]:
+    def report_runs(self, tuned: dict[str, dict[str, Any]], methods: dict[str, Method]) -> list[RunSpec]:
         out = []
         for t in (*self.tasks, *self.extra_tasks):
             budgets = self.budgets if t in self.tasks else (self.tune_budget,)
             base_task = t if t in self.tasks else self.tasks[0]
             for m in self.methods:
                 setting = tuple(tuned.get(base_task, {}).get(m, {}).items())
-                out += [RunSpec("report", TASKS[t], METHODS[m], b, s, setting, self.eval_n)
+                out += [RunSpec("report", TASKS[t], methods[m], b, s, setting, self.eval_n)
                         for b in budgets for s in self.seeds]
         return out
 
@@ -185,5 +188,38 @@ class Grid:
 def quick_grid() -> Grid:
     """``--quick``: the sparse probes, the three algorithms' reference and improved forms,
     the scarce budgets only, fewer seeds and settings; a few minutes on 2 cores."""
-    return Grid(tasks=("lock", "lookup"), methods=("grpo", "tree-grpo", "tree-grpo+", "treeopsd+"), budgets=(2, 4),
-                seeds=tuple(range(4)), tune_seeds=(1000,), ablations=(), eval_n=64)
+    return Grid(tasks=("lock",), methods=("grpo", "tree-grpo", "tree-grpo+", "treeopsd+"), budgets=(2, 4),
+                seeds=tuple(range(6)), tune_seeds=(1000,), ablations=(), eval_n=64, extra_tasks=())
+
+
+def improved_methods(ablations: list[dict[str, Any]]) -> dict[str, Method]:
+    """``tree-grpo+`` and ``treeopsd+`` built from the ablations' winners (ablation seeds only).
+
+    tree-grpo+: the expansion rule and the prefix credit with the best mean held-out success
+    over the ablation tasks; treeopsd+: the best TreeOPSD credit shape, with that expansion.
+    Without ablation records, the fixed fallbacks in ``METHODS``.
+    """
+    import statistics
+
+    score: dict[str, list[float]] = {}
+    for r in ablations:
+        if "error" not in r and r.get("success_t1") is not None:
+            score.setdefault(r["method"], []).append(r["success_t1"])
+    if not score:
+        return {"tree-grpo+": METHODS["tree-grpo+"], "treeopsd+": METHODS["treeopsd+"]}
+
+    def best(names: list[str]) -> str:
+        have = [n for n in names if n in score]
+        return max(have, key=lambda n: statistics.fmean(score[n]))
+
+    expansions = [f"tree-grpo/{e}" for e in ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")]
+    expansion = best(expansions).split("/", 1)[1]
+    credit = "per_turn" if best(["tree-grpo/with_replacement", "tree-grpo/per_turn"]) == "tree-grpo/per_turn" else "per_leaf"
+    opsd = best(["treeopsd/tree-root", "treeopsd/prompt-root", "treeopsd/fallback", "treeopsd/prompt-root+fallback",
+                 "treeopsd/normalized"])
+    return {
+        "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", expansion),
+                                                          ("advantage.prefix_credit", credit)), tune=PG_TUNE),
+        "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", expansion), *ABLATIONS[opsd].overrides),
+                            tune=OPSD_TUNE),
+    }

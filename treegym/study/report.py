@@ -214,7 +214,7 @@ def write_report(out: Path, tuning: Sequence[dict[str, Any]], chosen: dict[str, 
                   "![success against generated tokens](success_vs_tokens.png)\n",
                   "![final success against budget](success_vs_budget.png)\n"]
     if ablations:
-        parts += ["## Mechanisms (ablations at B=%d, tuned reference learning rate)\n" % ablations[0]["budget"],
+        parts += [f"## Mechanisms (one change each, at B={ablations[0]['budget']} and the reference's tuned setting)\n",
                   ablation_table(ablations), ""]
     if tuning:
         parts += ["## Tuning (tuning seeds, disjoint from the report seeds)\n", tuning_table(tuning, chosen), ""]
