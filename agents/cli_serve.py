@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from treegym.errors import ConfigError
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -29,9 +31,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.serve_model import ModelServer, ModelService
+    from treegym.retrieval_index.server import check_port, exposure_warning
 
+    check_port(args.port)
+    warning = exposure_warning(args.host, "the model API")
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     policy = HFPolicy.from_pretrained(args.model, device=args.device)
-    server = ModelServer(ModelService(policy, args.name or args.model), args.host, args.port)
+    try:
+        server = ModelServer(ModelService(policy, args.name or args.model), args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"cannot bind {args.host}:{args.port} ({exc.strerror or exc}); pick another --port") from None
     print(f"serving {args.model} at {server.url}/v1 (Ctrl-C to stop)", file=sys.stderr, flush=True)
     try:
         server.serve_forever()

@@ -76,8 +76,9 @@ def run_query(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from treegym.retrieval_index.server import ServerLimits, serve_forever
+    from treegym.retrieval_index.server import ServerLimits, check_port, serve_forever
 
+    check_port(args.port)  # before the index loads
     retriever = open_retriever(args.corpus, args.index, args.embedder, limit=args.limit)
     limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries)
     serve_forever(retriever, args.host, args.port, limits, verbose=not args.quiet)

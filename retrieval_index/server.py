@@ -6,8 +6,10 @@ without ``return_scores`` each list holds the documents alone, as Search-R1's se
 ``GET /health`` reports the corpus size and limits. Every bad request gets a 4xx with
 ``{"error": message}``; only a fault of the server itself is a 500.
 
-Built on the standard library's ``ThreadingHTTPServer``; it binds 127.0.0.1 unless told
-otherwise, because it has no authentication.
+Built on the standard library's ``ThreadingHTTPServer``, with a listen backlog of 256 (the
+stdlib's 5 resets connections when many trainers connect at once) and a cap on live
+connections (past it, a 503 with ``Retry-After``). It binds 127.0.0.1 unless told otherwise,
+because it has no authentication, and warns when told to bind every interface.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ class ServerLimits:
     max_topk: int = 100
     max_queries: int = 512
     max_body_bytes: int = 1 << 20
+    max_connections: int = 512  # live connections, each one thread; more get a 503 at once
 
     def __post_init__(self) -> None:
-        if not 1 <= self.default_topk <= self.max_topk or self.max_queries < 1 or self.max_body_bytes < 64:
+        if (not 1 <= self.default_topk <= self.max_topk or self.max_queries < 1 or self.max_body_bytes < 64
+                or self.max_connections < 1):
             raise ConfigError(f"inconsistent server limits: {self}")
 
 
@@ -66,11 +70,20 @@ def parse_retrieve(body: bytes, limits: ServerLimits) -> RetrieveRequest:
         payload = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(400, f"body is not valid UTF-8 JSON: {exc}") from exc
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise BadRequest(400, f"body holds a number too large to read: {str(exc)[:120]}") from exc
+    except RecursionError:
+        raise BadRequest(400, "body is nested too deeply") from None
     if not isinstance(payload, dict):
         raise BadRequest(400, 'body must be a JSON object like {"queries": ["..."], "topk": 3}')
     queries = payload.get("queries")
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise BadRequest(400, '"queries" must be a list of strings')
+    for i, q in enumerate(queries):
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a "\udcff" escape) is valid JSON, not text
+            raise BadRequest(400, f"query {i} is not valid Unicode text (a lone surrogate escape)") from None
     if len(queries) > limits.max_queries:
         raise BadRequest(413, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
     topk = payload.get("topk")
@@ -98,6 +111,7 @@ class RetrievalServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # the listen backlog: a burst of clients waits instead of being reset
 
     def __init__(
         self,
@@ -111,7 +125,41 @@ class RetrievalServer(ThreadingHTTPServer):
         self.limits = limits
         self.verbose = verbose
         self.info = info or {}
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
         super().__init__(address, _Endpoints)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse_busy(request, self.limits.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-answer is not a server fault worth a traceback.
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
+def _refuse_busy(sock: Any, cap: int) -> None:
+    body = json.dumps({"error": f"the server holds its limit of {cap} connections; retry shortly"}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(head + body)
+    except OSError:
+        pass
 
 
 class _Endpoints(BaseHTTPRequestHandler):
@@ -129,7 +177,7 @@ class _Endpoints(BaseHTTPRequestHandler):
             sys.stderr.write(f"{self.address_string()} - {format % args}\n")
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8", errors="replace")
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -150,7 +198,22 @@ class _Endpoints(BaseHTTPRequestHandler):
         else:
             self._refuse(404, f"no such endpoint {self.path!r}; use POST /retrieve or GET /health")
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # The stdlib's own refusals (bad request line, headers too long, unknown method) in
+        # this API's JSON shape; an unknown method is a 405, not the stdlib's 501.
+        if code == 501:
+            self._method_not_allowed()
+            return
+        self.close_connection = True
+        self._send(code, {"error": message or explain or f"HTTP {code}"})
+
     def do_POST(self) -> None:
+        try:
+            self._retrieve()
+        except Exception as exc:  # never a dropped connection: a fault is a JSON 500
+            self._refuse(500, f"internal error: {type(exc).__name__}: {exc}", close=True)
+
+    def _retrieve(self) -> None:
         if self.path.split("?")[0] != "/retrieve":
             self._refuse(404, f"no such endpoint {self.path!r}; use POST /retrieve", close=True)
             return
@@ -173,14 +236,19 @@ class _Endpoints(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding", "").lower() not in ("", "identity"):
             self._refuse(411, "send the body with a Content-Length (no chunked encoding)", close=True)
             return None
-        length_header = self.headers.get("Content-Length")
+        lengths = self.headers.get_all("Content-Length") or []
+        if len(lengths) > 1:
+            # Two lengths make the request's end ambiguous (request smuggling): refuse it.
+            self._refuse(400, f"{len(lengths)} Content-Length headers; send exactly one", close=True)
+            return None
+        length_header = lengths[0] if lengths else None
         if length_header is None:
             self._refuse(411, "a Content-Length header is required", close=True)
             return None
         try:
-            length = int(length_header)
-            if length < 0:
+            if not length_header.strip().isdigit() or len(length_header) > 18:
                 raise ValueError
+            length = int(length_header)
         except ValueError:
             self._refuse(400, f"bad Content-Length {length_header!r}", close=True)
             return None
@@ -203,9 +271,20 @@ class _Endpoints(BaseHTTPRequestHandler):
             length -= len(chunk)
 
     def _method_not_allowed(self) -> None:
-        self._refuse(405, f"{self.command} is not supported; use POST /retrieve or GET /health", close=True)
+        message = f"{str(self.command)[:32]} is not supported; use POST /retrieve or GET /health"
+        if self.command == "HEAD":  # a HEAD answer has the headers of the JSON body, not the body
+            body = json.dumps({"error": message}).encode("utf-8")
+            self.close_connection = True
+            self.send_response(405)
+            self.send_header("Allow", "GET, POST")
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            return
+        self._refuse(405, message, close=True)
 
-    do_PUT = do_DELETE = do_PATCH = _method_not_allowed
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _method_not_allowed
 
 
 @dataclass
@@ -236,6 +315,32 @@ def _info(retriever: Retriever) -> dict[str, Any]:
     return info
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def check_port(port: int, flag: str = "--port") -> int:
+    """A TCP port to bind (0 picks a free one); a ConfigError names the flag otherwise."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{flag} must be from 0 to 65535, got {port}")
+    return port
+
+
+def exposure_warning(host: str, what: str = "the API") -> str | None:
+    """The warning to print when ``host`` is not loopback (these servers have no auth)."""
+    if host in LOOPBACK or host.startswith("127."):
+        return None
+    where = "every interface" if host in ("", "0.0.0.0", "::") else f"{host}"
+    return f"warning: binding {host or '(all)'} exposes {what}, which has no authentication, on {where}"
+
+
+def _bind(host: str, port: int, retriever: Retriever, limits: ServerLimits, verbose: bool) -> RetrievalServer:
+    check_port(port)
+    try:
+        return RetrievalServer((host, port), retriever, limits, verbose, _info(retriever))
+    except OSError as exc:
+        raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port or --host") from None
+
+
 def serve_in_background(
     retriever: Retriever,
     host: str = DEFAULT_HOST,
@@ -244,7 +349,7 @@ def serve_in_background(
     verbose: bool = False,
 ) -> RunningServer:
     """Start a server on a daemon thread (port 0 picks a free port); returns its URL and handle."""
-    server = RetrievalServer((host, port), retriever, limits, verbose, _info(retriever))
+    server = _bind(host, port, retriever, limits, verbose)
     thread = threading.Thread(target=server.serve_forever, name="treegym-retrieval-server", daemon=True)
     thread.start()
     bound_host, bound_port = server.server_address[:2]
@@ -259,6 +364,9 @@ def serve_forever(
     verbose: bool = True,
 ) -> None:
     """Serve in the foreground until interrupted."""
-    with RetrievalServer((host, port), retriever, limits, verbose, _info(retriever)) as server:
+    warning = exposure_warning(host, "the retrieval API")
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    with _bind(host, port, retriever, limits, verbose) as server:
         print(f"serving {server.info} on http://{host}:{server.server_address[1]} (POST /retrieve, GET /health)", flush=True)
         server.serve_forever()

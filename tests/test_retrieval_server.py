@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import time
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -171,12 +173,14 @@ class FlakyRetriever:
         return self.inner.search(queries, k)
 
 
-def test_client_retries_a_5xx_and_then_succeeds():
+def test_client_does_not_retry_a_500_that_would_repeat():
     bm25 = open_retriever(index="bm25", limit=LIMIT, progress=False)
     flaky = FlakyRetriever(bm25)
     with serve_in_background(flaky) as running:
-        hits = RemoteRetriever(running.url, backoff=0.01).search(["telephone inventor"], 2)
-    assert flaky.calls == 2 and hits == bm25.search(["telephone inventor"], 2)
+        with pytest.raises(TreegymError, match="failed: HTTP 500: retrieval failed: RuntimeError: backend busy"):
+            RemoteRetriever(running.url, backoff=0.01).search(["telephone inventor"], 2)
+        assert flaky.calls == 1  # not retried: a retry would only add load
+        assert RemoteRetriever(running.url).search(["telephone inventor"], 2) == bm25.search(["telephone inventor"], 2)
 
 
 def test_client_reports_a_4xx_at_once_with_the_servers_message(server):
@@ -187,3 +191,239 @@ def test_client_reports_a_4xx_at_once_with_the_servers_message(server):
 def test_open_retriever_with_a_url_returns_the_remote_client(server):
     remote = open_retriever(url=server.url)
     assert isinstance(remote, RemoteRetriever) and remote.search(["acne"], 1)[0][0].title == "Acne"
+
+
+# ---- hardened against bad input and load -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roomy(local):
+    """The same index behind the default limits (a 1 MB body), for bodies the small one refuses."""
+    with serve_in_background(local) as running:
+        yield running
+
+
+def _raw_bytes(url: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``data`` as it is on a fresh connection; the status, headers and body of the answer."""
+    parsed = urlparse(url)
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
+        sock.sendall(data)
+        response = http.client.HTTPResponse(sock, method="HEAD" if data.startswith(b"HEAD") else None)
+        response.begin()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
+
+def test_a_lone_surrogate_query_is_a_400_not_a_500(server):
+    body = b'{"queries": ["\\udcff"], "topk": 2}'
+    status, answer = _raw(server.url, "POST", "/retrieve", body, {"Content-Length": str(len(body))})
+    assert status == 400 and "lone surrogate" in answer["error"]
+    assert _post(server.url, {"queries": ["acne"], "topk": 1}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"queries": ["x"], "topk": 1' + b"0" * 5000 + b"}", "number too large"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    ],
+    ids=["5000-digit-int", "100k-arrays", "50k-objects"],
+)
+def test_huge_numbers_and_deep_nesting_get_a_json_400(roomy, body, needle):
+    status, answer = _raw(roomy.url, "POST", "/retrieve", body, {"Content-Length": str(len(body))})
+    assert status == 400 and needle in answer["error"]
+
+
+def test_two_content_lengths_are_refused(server):
+    smuggled = b'{}POST /retrieve HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}'
+    request = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: " +
+               str(len(smuggled)).encode() + b"\r\n\r\n" + smuggled)
+    status, headers, body = _raw_bytes(server.url, request)
+    assert status == 400 and "2 Content-Length headers" in json.loads(body)["error"]
+    assert headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS", "BREW", "PUT"])
+def test_other_methods_get_a_json_405(server, method):
+    status, headers, body = _raw_bytes(server.url, f"{method} /retrieve HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert status == 405 and headers["content-type"].startswith("application/json")
+    if method != "HEAD":  # a HEAD answer carries the headers of the body, not the body
+        assert "is not supported" in json.loads(body)["error"]
+
+
+def test_two_hundred_concurrent_clients_all_get_an_answer(server):
+    import threading
+
+    assert server.server.request_queue_size >= 256  # the stdlib's backlog of 5 resets a burst
+    barrier, answers, errors = threading.Barrier(200), [], []
+
+    def client() -> None:
+        barrier.wait()
+        try:
+            answers.append(requests.get(f"{server.url}/health", timeout=60).status_code)
+        except requests.RequestException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and answers == [200] * 200
+
+
+def test_live_connections_are_capped_with_a_503(local):
+    limits = ServerLimits(max_connections=2)
+    with serve_in_background(local, limits=limits) as running:
+        parsed = urlparse(running.url)
+        idle = [socket.create_connection((parsed.hostname, parsed.port), timeout=30) for _ in range(2)]
+        status, headers, body = _raw_bytes(running.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 503 and headers["retry-after"] == "1" and "limit of 2 connections" in json.loads(body)["error"]
+        for sock in idle:
+            sock.close()
+        # The slots come back once the server sees the stalled clients go (poll: not a timing test).
+        for _ in range(200):
+            if requests.get(f"{running.url}/health", timeout=30).status_code == 200:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the connection slots never came back")
+
+
+def test_binding_all_interfaces_warns():
+    from treegym.retrieval_index.server import exposure_warning
+
+    for host in ("0.0.0.0", "::", ""):
+        assert "every interface" in (exposure_warning(host) or "")
+    assert "192.168.1.5" in (exposure_warning("192.168.1.5") or "")
+    assert all(exposure_warning(h) is None for h in ("127.0.0.1", "localhost", "::1", "127.0.0.2"))
+
+
+@pytest.mark.parametrize("argv", [["index", "serve", "--port", "99999"], ["index", "serve", "--port", "-1"],
+                                  ["web", "serve", "--port", "99999"]])  # fmt: skip
+def test_a_port_out_of_range_is_a_one_line_error(argv, capsys):
+    from treegym.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--port must be from 0 to 65535" in err and "Traceback" not in err
+
+
+def test_a_port_in_use_is_a_one_line_error(capsys):
+    from treegym.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["index", "serve", "--type", "bm25", "--limit", str(LIMIT), "--port", str(port), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot bind 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+# ---- the client against other servers' answers (a scripted server on 127.0.0.1) ----------------------
+
+
+class ScriptedServer:
+    """A real HTTP server that answers each POST /retrieve with the next (status, headers, body)
+    of its script (the last one repeats), as Search-R1's server or a proxy in front of it would."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str], Any]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.script, self.requests = list(script), 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                status, headers, body = outer.script[min(outer.requests, len(outer.script) - 1)]
+                outer.requests += 1
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                for key, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+BM25_DOCS = [{"title": "Acne", "text": "Acne is a skin condition.", "contents": '"Acne"\nAcne is a skin condition.'},
+             {"title": "Ibsen", "text": "Henrik Ibsen wrote plays.", "contents": '"Ibsen"\nHenrik Ibsen wrote plays.'}]  # fmt: skip
+
+
+@pytest.mark.parametrize("with_scores", [True, False])
+def test_client_accepts_documents_without_an_id(with_scores):
+    items = [{"document": d, "score": 2.0 - i} for i, d in enumerate(BM25_DOCS)] if with_scores else BM25_DOCS
+    with ScriptedServer([(200, {}, {"result": [items]})]) as srv:
+        first = RemoteRetriever(srv.url).search(["acne"], 2)[0]
+        again = RemoteRetriever(srv.url).search(["acne"], 2)[0]
+    assert [h.title for h in first] == ["Acne", "Ibsen"] and first[0].text == "Acne is a skin condition."
+    assert [h.doc_id for h in first] == [h.doc_id for h in again]  # derived from the contents: stable
+    assert len({h.doc_id for h in first}) == 2 and all(h.doc_id.startswith("sha1:") for h in first)
+
+
+def test_client_drops_faiss_padding_hits():
+    real = {"document": {"id": "7", "contents": '"Acne"\nskin'}, "score": 0.61}
+    pad = {"document": {"id": "7", "contents": '"Acne"\nskin'}, "score": -3.4028234663852886e38}
+    with ScriptedServer([(200, {}, {"result": [[real, pad, pad]]})]) as srv:
+        hits = RemoteRetriever(srv.url).search(["acne"], 3)[0]
+    assert [(h.doc_id, h.score) for h in hits] == [("7", 0.61)]
+
+
+OK_ANSWER = {"result": [[{"document": {"id": "1", "contents": '"A"\na'}, "score": 1.0}]]}
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_client_retries_what_can_succeed_honouring_retry_after(status):
+    # A backoff of 1e6 s: only the server's Retry-After: 0 can make the retry happen now.
+    with ScriptedServer([(status, {"Retry-After": "0"}, {"error": "busy"}), (200, {}, OK_ANSWER)]) as srv:
+        hits = RemoteRetriever(srv.url, backoff=1e6, max_retry_s=60).search(["a"], 1)[0]
+        assert srv.requests == 2 and hits[0].doc_id == "1"
+
+
+@pytest.mark.parametrize("status", [500, 501, 400, 404])
+def test_client_does_not_retry_what_would_fail_again(status):
+    with ScriptedServer([(status, {}, {"error": "no"}), (200, {}, OK_ANSWER)]) as srv:
+        with pytest.raises(TreegymError, match=f"HTTP {status}: no"):
+            RemoteRetriever(srv.url, backoff=0.0).search(["a"], 1)
+        assert srv.requests == 1
+
+
+def test_client_caps_the_total_time_spent_retrying():
+    with ScriptedServer([(503, {}, {"error": "busy"})]) as srv:
+        with pytest.raises(TreegymError, match="stopped retrying after max_retry_s=0.01"):
+            RemoteRetriever(srv.url, retries=10, backoff=1e6, max_retry_s=0.01).search(["a"], 1)
+        assert srv.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(400, ["a", "list"]), (400, b"[" * 100_000 + b"]" * 100_000), (200, b"[" * 100_000 + b"]" * 100_000),
+     (200, {"result": [[{"document": {"id": 1}}]]})],
+    ids=["4xx-list", "4xx-deep", "200-deep", "200-no-contents"],
+)  # fmt: skip
+def test_index_query_url_reports_odd_answers_in_one_line(status, body, capsys):
+    from treegym.cli import main
+
+    with ScriptedServer([(status, {}, body)]) as srv:
+        assert main(["index", "query", "acne", "--url", srv.url]) == 2
+    err = capsys.readouterr().err
+    assert f"retrieval server {srv.url}" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

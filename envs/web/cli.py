@@ -49,14 +49,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from treegym.envs.web.local_web import LocalWeb, load_docs
+    from treegym.retrieval_index.server import check_port, exposure_warning
 
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: binding {args.host} exposes the local web beyond this machine", file=sys.stderr)
+    check_port(args.port)
+    warning = exposure_warning(args.host, "the local web")
+    if warning:
+        print(warning, file=sys.stderr)
     docs = load_docs(args.corpus, args.limit)
     try:
         web = LocalWeb(docs, host=args.host, port=args.port, latency_s=args.latency_ms / 1000)
-    except OSError as exc:
-        raise ConfigError(f"cannot bind {args.host}:{args.port} ({exc.strerror}); pick another --port") from exc
+    except (OSError, OverflowError) as exc:
+        raise ConfigError(f"cannot bind {args.host}:{args.port} ({getattr(exc, 'strerror', None) or exc}); pick another --port") from exc
     # The first line names the URL, so scripts can start it with --port 0 and read where it is.
     print(f"serving {len(docs)} articles on {web.url}  (search: {web.url}/search?q=...&format=json)", flush=True)
     try:
