@@ -7,30 +7,21 @@ gives both runs the same prompts and initial model) with its own bootstrap inter
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from treegym.agents.eval import bootstrap_interval
+
 BOOTSTRAP = 4000
 
 
-def bootstrap_ci(xs: Sequence[float], level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its percentile bootstrap interval."""
-    xs = [float(x) for x in xs]
-    if not xs:
-        return float("nan"), float("nan"), float("nan")
-    mean = statistics.fmean(xs)
-    if len(xs) == 1:
-        return mean, mean, mean
-    rng = random.Random(seed)
-    n = len(xs)
-    means = sorted(statistics.fmean(rng.choices(xs, k=n)) for _ in range(BOOTSTRAP))
-    lo = means[int((1 - level) / 2 * BOOTSTRAP)]
-    hi = means[min(BOOTSTRAP - 1, int((1 + level) / 2 * BOOTSTRAP))]
-    return mean, lo, hi
+def bootstrap_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean over seeds and its 95% percentile bootstrap interval."""
+    iv = bootstrap_interval([float(x) for x in xs], resamples=BOOTSTRAP)
+    return iv.mean, iv.low, iv.high
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float, int]:
