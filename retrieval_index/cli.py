@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from treegym.errors import ConfigError
 from treegym.retrieval_index.build import INDEX_TYPES, build_index, open_retriever
 from treegym.retrieval_index.embedders import DEFAULT_EMBEDDER
 from treegym.retrieval_index.store import read_manifest
@@ -66,8 +67,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_query(args: argparse.Namespace) -> int:
+    text = " ".join(args.text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise ConfigError("the query is not valid UTF-8 text; pass it in UTF-8") from None
     retriever = open_retriever(args.corpus, args.index, args.embedder, url=args.url, limit=args.limit)
-    hits = retriever.search([" ".join(args.text)], args.topk)[0]
+    hits = retriever.search([text], args.topk)[0]
     if not hits:
         print("no results")
     for rank, hit in enumerate(hits, 1):

@@ -148,13 +148,33 @@ def write_index(
 def read_manifest(folder: Path, rebuild: str | None = None) -> Manifest:
     """The manifest of an index folder; a missing or garbled one is an IndexFormatError."""
     path = folder / MANIFEST
+    if folder.exists() and not folder.is_dir():
+        raise IndexFormatError(f"{folder} is a file, not an index folder; {rebuild_hint(rebuild)}")
+    if path.is_dir():
+        raise IndexFormatError(f"{path} is a folder, not a manifest file; {rebuild_hint(rebuild)}")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        return Manifest(**raw)
+        if not isinstance(raw, dict):
+            raise TypeError(f"a JSON {type(raw).__name__}, not an object")
+        manifest = Manifest(**raw)
+        _check_field_types(manifest)
+        return manifest
     except FileNotFoundError as exc:
         raise IndexFormatError(f"{folder} is not an index folder (no {MANIFEST}); {rebuild_hint(rebuild)}") from exc
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+    except (ValueError, TypeError, RecursionError, OSError) as exc:
         raise IndexFormatError(f"{path} is corrupt ({exc}); {rebuild_hint(rebuild)}") from exc
+
+
+def _check_field_types(m: Manifest) -> None:
+    """A manifest edited by hand or by another tool: wrong types are corruption, not a crash later."""
+    want = {"type": str, "corpus_hash": str, "count": int, "params": dict, "format_version": int, "files": dict}
+    for name, kind in want.items():
+        value = getattr(m, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"field {name!r} is {type(value).__name__}, not {kind.__name__}")
+    for name, meta in m.files.items():
+        if not isinstance(meta, dict):
+            raise TypeError(f"files[{name!r}] is {type(meta).__name__}, not an object")
 
 
 def check_index(folder: Path, expected: dict[str, Any], rebuild: str | None = None, verify: bool = True) -> Manifest:

@@ -181,3 +181,30 @@ def test_a_malformed_jsonl_corpus_names_the_bad_line(tmp_path):
     path.write_text('{"id": "a", "contents": "\\"A\\"\\ntext"}\n{"id": "b"}\n')
     with pytest.raises(TreegymError, match=r"bad.jsonl:2"):
         open_retriever(corpus=str(path), index="bm25")
+
+
+@pytest.mark.parametrize("files", [["index.faiss"], None, "index.faiss", {"index.faiss": 3}])
+def test_a_manifest_with_a_wrongly_typed_files_field_is_a_format_error(flat_copy, corpus, files):
+    _edit_manifest(flat_copy, files=files)
+    with pytest.raises(IndexFormatError, match=r"manifest.json is corrupt \(.*files"):
+        load_dense(flat_copy, corpus, "flat", "minilm")
+
+
+def test_an_index_folder_that_is_a_file_or_a_manifest_that_is_a_folder_is_a_format_error(flat_copy, corpus, tmp_path):
+    not_a_folder = tmp_path / "index-file"
+    not_a_folder.write_text("x")
+    with pytest.raises(IndexFormatError, match="is a file, not an index folder"):
+        read_manifest(not_a_folder)
+    (flat_copy / MANIFEST).unlink()
+    (flat_copy / MANIFEST).mkdir()
+    with pytest.raises(IndexFormatError, match="is a folder, not a manifest file"):
+        load_dense(flat_copy, corpus, "flat", "minilm")
+
+
+def test_index_query_with_a_non_utf8_argument_is_a_one_line_error(capsys):
+    from treegym.cli import main
+
+    # Python hands a non-UTF-8 argv byte to the program as a lone surrogate (surrogateescape).
+    assert main(["index", "query", "caf\udce9", "--type", "flat", "--limit", str(LIMIT)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid UTF-8" in err and "Traceback" not in err
