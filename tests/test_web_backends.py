@@ -110,3 +110,14 @@ def test_malformed_json_is_a_clear_failure(fixtures, fetcher):
 def test_an_unknown_backend_spec_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown search backend"):
         make_backend("altavista")
+
+
+def test_results_with_wrong_field_types_or_lone_surrogates_are_validated(fixtures, fetcher):
+    results = SearxngBackend(f"{fixtures.url}/searxng-odd").search(fetcher, "q", 10)
+    assert [(r.title, r.url, r.snippet) for r in results] == [
+        ("", "http://a.example/1", ""),  # null title, list content: no text, never "None" or "['x']"
+        ("T?", "http://a.example/2", "ok ? text"),  # lone surrogates replaced: printable, tokenizable
+        ("", "http://a.example/3", "7"),
+    ]  # the hits without a URL string are dropped
+    for r in results:
+        (r.title + r.snippet).encode("utf-8")

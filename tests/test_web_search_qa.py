@@ -251,3 +251,10 @@ def test_render_mode_ansi_is_accepted_and_passes_the_render_check(web, tmp_path)
         check_env(env.unwrapped)
     env.reset(seed=0)
     assert isinstance(env.render(), str)
+
+
+def test_a_page_number_past_the_int_digit_limit_is_an_observation_not_an_exception(make, web):
+    env = make()
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(f"<think>x</think><browse>{web.url}/wiki/Hamlet#page={'9' * 5000}</browse>")
+    assert "there is no part" in obs and info["tool_error"]

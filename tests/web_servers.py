@@ -17,6 +17,10 @@ from urllib.parse import parse_qs, urlsplit
 FIXTURES = Path(__file__).parent / "web_fixtures"
 BRAVE_KEY = "test-brave-key"
 SERPER_KEY = "test-serper-key"
+ODD_SEARXNG = (b'{"results": [{"title": null, "url": "http://a.example/1", "content": ["x"]}, '
+               b'{"title": "T\\udcff", "url": "http://a.example/2", "content": "ok \\ud800 text"}, '
+               b'{"title": "no url"}, {"title": "bad url", "url": 42}, {"title": {"a": 1}, "url": "http://a.example/3", '
+               b'"content": 7}]}')
 PAGE = b"<html><head><title>ok</title></head><body><p>all good</p></body></html>"
 
 
@@ -40,7 +44,8 @@ class FaultServer:
     ``/truncated-once``) promise more bytes than they send; ``/malformed-json``; ``/pdf``;
     ``/binary`` (no content type); ``/huge?mb=`` streams megabytes of HTML; ``/latin1`` and
     ``/meta-charset`` test decoding; ``/busy`` records how many requests overlap; and
-    ``/brave/...``, ``/serper/search``, ``/searxng/search`` replay recorded API answers.
+    ``/brave/...``, ``/serper/search``, ``/searxng/search`` replay recorded API answers;
+    ``/searxng-odd`` answers with wrong field types and lone surrogates; ``/redirect?to=U``.
     """
 
     def __init__(self) -> None:
@@ -123,6 +128,10 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
                         self.wfile.write(b"<p>x</p>")
                         time.sleep(gap)
                 return None
+            if path == "/searxng-odd":  # wrong field types, and lone-surrogate escapes in the text
+                return self.send(200, "application/json", ODD_SEARXNG)
+            if path == "/redirect":  # a 302 to wherever ?to= says
+                return self.send(302, "text/plain", b"moved", {"Location": q.get("to", "/")})
             if path == "/flaky":
                 if n <= int(q.get("fail", "1")):
                     return self.send(int(q.get("status", "500")), "text/plain", b"internal error")

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from treegym.envs.react import clean_text
 from treegym.envs.web.http import Fetcher, FetchError, Response
 from treegym.errors import ConfigError
 from treegym.retrieval_index.corpus import split_contents
@@ -54,6 +55,27 @@ def parse_json(resp: Response, backend: str) -> Any:
         return json.loads(resp.text)
     except json.JSONDecodeError as exc:
         raise FetchError(resp.url, f"malformed JSON from {backend} ({exc.msg} at char {exc.pos})") from None
+    except (ValueError, RecursionError) as exc:  # a huge integer, or nesting past the recursion limit
+        raise FetchError(resp.url, f"malformed JSON from {backend} ({type(exc).__name__})") from None
+
+
+def field_text(value: Any) -> str:
+    """A backend's text field as the agent may read it: a string (or number), cleaned of lone
+    surrogates and NULs that JSON escapes can carry; anything else (null, a list, an object) is
+    no text at all, never its Python repr."""
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, (int, float)):
+        return str(value)
+    return clean_text(value) if isinstance(value, str) else ""
+
+
+def make_result(title: Any, url: Any, snippet: Any) -> SearchResult | None:
+    """A SearchResult from untrusted fields; None when there is no URL string to browse."""
+    link = field_text(url) if isinstance(url, str) else ""
+    if not link:
+        return None
+    return SearchResult(field_text(title), link, field_text(snippet))
 
 
 def _shape_error(resp: Response, backend: str, what: str) -> FetchError:
@@ -90,8 +112,8 @@ class RetrieveBackend:
                 doc = hit.get("document", hit) if isinstance(hit, dict) else None
                 if not isinstance(doc, dict) or "contents" not in doc:
                     raise _shape_error(resp, "the retrieval server", "a hit without 'contents'")
-                title, text = split_contents(str(doc["contents"]))
-                doc_id = str(doc.get("id", ""))
+                title, text = split_contents(field_text(doc["contents"]))
+                doc_id = field_text(doc.get("id"))
                 url = self.page_url.format(id=doc_id) if self.page_url and doc_id else ""
                 row.append(SearchResult(title, url, text))
             out.append(row[:k])
@@ -117,8 +139,8 @@ class SearxngBackend:
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise _shape_error(resp, "SearxNG", "no 'results' list")
-        return [SearchResult(str(r.get("title", "")), str(r.get("url", "")), str(r.get("content") or ""))
-                for r in results if isinstance(r, dict) and r.get("url")][:k]
+        return _rows([make_result(r.get("title"), r.get("url"), r.get("content")) for r in results
+                      if isinstance(r, dict)], k)
 
 
 def _api_key(env_var: str, service: str, key: str | None) -> str:
@@ -147,8 +169,8 @@ class BraveBackend:
         results = web.get("results", []) if isinstance(web, dict) else None
         if not isinstance(results, list):
             raise _shape_error(resp, "Brave Search", "no 'web.results' list")
-        return [SearchResult(str(r.get("title", "")), str(r.get("url", "")), _strip_tags(str(r.get("description", ""))))
-                for r in results if isinstance(r, dict) and r.get("url")][:k]
+        return _rows([make_result(r.get("title"), r.get("url"), _strip_tags(field_text(r.get("description"))))
+                      for r in results if isinstance(r, dict)], k)
 
 
 class SerperBackend:
@@ -167,8 +189,12 @@ class SerperBackend:
         organic = data.get("organic") if isinstance(data, dict) else None
         if not isinstance(organic, list):
             raise _shape_error(resp, "Serper", "no 'organic' list")
-        return [SearchResult(str(r.get("title", "")), str(r.get("link", "")), str(r.get("snippet", "")))
-                for r in organic if isinstance(r, dict) and r.get("link")][:k]
+        return _rows([make_result(r.get("title"), r.get("link"), r.get("snippet")) for r in organic
+                      if isinstance(r, dict)], k)
+
+
+def _rows(results: list[SearchResult | None], k: int) -> list[SearchResult]:
+    return [r for r in results if r is not None][:k]
 
 
 def _strip_tags(text: str) -> str:

@@ -168,5 +168,8 @@ def split_page_ref(ref: str) -> tuple[str, int]:
     ref = ref.strip()
     m = _PAGE_FRAGMENT.search(ref)
     if m:
-        return ref[: m.start()], max(1, int(m.group(1)))
+        digits = m.group(1).lstrip("0") or "0"
+        # A page number past any page (even past Python's int-digit limit) is "no such part".
+        page = int(digits) if len(digits) <= 12 else 10**12
+        return ref[: m.start()], max(1, page)
     return urldefrag(ref)[0], 1
