@@ -42,6 +42,7 @@ from treegym.trainers.checkpoint import (
     save_checkpoint,
 )
 from treegym.trainers.config import TrainConfig, to_dict
+from treegym.trainers.heldout import HeldOut, heldout_from_batch, success_of
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
 from treegym.trainers.losses import aggregate, get_policy_loss, kl_k3
 from treegym.trainers.rollout import sample_chains, sample_trees
@@ -66,6 +67,8 @@ class RunResult:
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
     replica_digests: list[str] = field(default_factory=list)
+    eval_before: HeldOut | None = None  # per held-out prompt, before the first step
+    eval_after: HeldOut | None = None
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
@@ -135,15 +138,19 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
             return sample_trees(policy, env_, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves,
                                 params=params, expansion=s.expansion, seed=step_seed, **common)
 
-    def evaluate(temperature: float = cfg.run.eval_temperature) -> float | None:
+    def evaluate_heldout(temperature: float = cfg.run.eval_temperature) -> HeldOut | None:
+        """One chain per held-out prompt (this process's share), gathered in rank order."""
         if eval_env is None:
             return None
         prompts = rt.eval_prompts(rt.task_ids(eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
         params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens,
                                 ignore_eos=cfg.sampler.ignore_eos)
-        got = rollout(eval_env, prompts, 0, group=1, params=params).rollouts if prompts else []
-        hits, n = rt.all_sum([sum(_em(r) for r in got), len(got)], dist, device)
-        return hits / max(n, 1.0)
+        local = heldout_from_batch(rollout(eval_env, prompts, 0, group=1, params=params)) if prompts else None
+        return HeldOut.merge(rt.gather_objects(local, dist))
+
+    def evaluate(temperature: float = cfg.run.eval_temperature) -> float | None:
+        got = evaluate_heldout(temperature)
+        return None if got is None else got.em_rate
 
     def log_eval(step: int, em: float | None) -> None:
         """Log held-out EM (and, with run.eval_sampled, EM at temperature 1 as eval_em_t1)."""
@@ -166,7 +173,9 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
     log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     if "em_before" not in state.extra:
-        state.extra["em_before"] = evaluate()
+        before = evaluate_heldout()
+        state.extra["em_before"] = None if before is None else before.em_rate
+        state.extra["eval_before"] = None if before is None else before.to_dict()
         log_eval(0, state.extra["em_before"])
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -290,7 +299,7 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
         # 6. log
         state.step += 1
         bud = batch.budget
-        totals = rt.all_sum([sum(r.reward for r in rollouts), sum(_em(r) for r in rollouts), len(rollouts),
+        totals = rt.all_sum([sum(r.reward for r in rollouts), sum(success_of(r.info, r.reward) for r in rollouts), len(rollouts),
                              bud.generated_tokens, bud.prefill_tokens, bud.reused_tokens, bud.tool_calls,
                              bud.env_steps, _logprob_gap(data, old_logp), sum(data.mask.sum(-1).tolist())],
                             dist, device)
@@ -324,7 +333,8 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
     bar.close()
 
     # ---- after training: EM after, plots, trees, summary ------------------------------------
-    em_after = evaluate()
+    after = evaluate_heldout()
+    em_after = None if after is None else after.em_rate
     log_eval(state.step, em_after)
     digests = rt.gather_objects(rt.weights_digest(model), dist)
     history: list[dict[str, Any]] = []
@@ -337,10 +347,12 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
             plot_metrics(folder)
         if cfg.run.trees_html and last_batch is not None:
             _write_trees(last_batch, tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
+    before_data = state.extra.get("eval_before")
     result = RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
-                       time.time() - t_start, history, digests)
+                       time.time() - t_start, history, digests,
+                       HeldOut.from_dict(before_data) if before_data else None, after)
     if dist.main:
-        summary = {k: v for k, v in result.__dict__.items() if k != "history"}
+        summary = {k: v.to_dict() if isinstance(v, HeldOut) else v for k, v in result.__dict__.items() if k != "history"}
         (folder / "summary.json").write_text(json.dumps({**summary, "folder": str(folder), "world": dist.world}, indent=2))
     if len(set(digests)) > 1:
         raise TrainingError(f"data-parallel replicas diverged: weight digests {digests}")
@@ -352,14 +364,6 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
 
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
     return bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget
-
-
-def _em(r: Rollout) -> float:
-    """Exact match of a trajectory: the env's ``em`` info; 0 for a QA episode that never
-    answered (its info has ``answers`` but no ``em``); the reward for envs without EM."""
-    if "em" in r.info:
-        return float(r.info["em"])
-    return 0.0 if "answers" in r.info else float(r.reward)
 
 
 def _zero_share(advantages: list[torch.Tensor], rollouts: list[Rollout]) -> float:
