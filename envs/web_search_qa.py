@@ -6,16 +6,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall
 from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
 from treegym.envs.react import parse_action
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
+from treegym.envs.web.guard import AddressGuard
 from treegym.envs.web.http import HttpConfig
 from treegym.envs.web.pages import paginate, split_page_ref
 from treegym.envs.web.tools import BrowseTool, FetchedPage, SearchTool, ToolError, shared_fetcher
 from treegym.errors import ConfigError
+from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
 from treegym.retrieval_index.types import QAItem
 
 WEB_PROMPT = (
@@ -133,7 +136,14 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
     cache: use the persistent response cache; cache_path / cache_ttl_s: where, how long.
     http: network policy (timeouts, retries, caps), an ``HttpConfig``.
     render_mode: None or ``"ansi"`` (``render()`` returns a one-line summary of the episode).
+    browse_allow: what ``<browse>`` may reach besides public addresses (and the env's own local
+        web): hosts, ``host:port`` or CIDR networks; ``["*"]`` allows everything. Loopback,
+        private, link-local and metadata addresses are refused by default, after DNS
+        resolution and on every redirect (``treegym.envs.web.guard``).
     """
+
+    splits = (*QA_SPLITS, "all")  # the env owns its tasks: trainers, eval and SFT ask it
+    eval_split = "dev"
 
     def __init__(
         self,
@@ -156,6 +166,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         http: HttpConfig | None = None,
         max_action_chars: int = 16384,
         render_mode: str | None = None,
+        browse_allow: Sequence[str] = (),
     ) -> None:
         # Bounded spaces: an observation is one page part plus its links, or topk snippets.
         super().__init__(max_obs_chars=max(65536, page_chars + 16384), max_action_chars=max_action_chars,
@@ -172,6 +183,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         self.reward_kind, self.format_score, self.max_action_chars = reward, format_score, max_action_chars
         self.http = http or HttpConfig()
 
+        allow = tuple(browse_allow)
         if isinstance(backend, str):
             if backend == "local":
                 if search_url is None:
@@ -180,16 +192,18 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
                     limit = synthetic_passages if corpus == "synthetic" else None
                     search_url = local_web_for(corpus, limit).url
                 backend = make_backend(f"local:{search_url}")
+                allow += (urlsplit(search_url).netloc.lower(),)  # the env's own local web
             else:
                 backend = make_backend(backend)
         self.backend = backend
         self.cache: ResponseCache | None = shared_cache(cache_path, cache_ttl_s) if cache else None
         # Envs with the same configuration share their tools, so an EnvPool sends all their
         # requests in one concurrent batch (it batches calls per tool object).
-        key = ("tools", backend.name, topk, self.http, id(self.cache))
+        self.guard = AddressGuard.of(allow)
+        key = ("tools", backend.name, topk, self.http, id(self.cache), self.guard)
         self.tools = shared(key, lambda: {
             "search": SearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
-            "browse": BrowseTool(shared_fetcher(self.http), self.cache),
+            "browse": BrowseTool(shared_fetcher(self.http), self.cache, self.guard),
         })
 
         if items is None and corpus == "synthetic" and dataset == "wiki":

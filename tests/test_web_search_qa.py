@@ -52,6 +52,7 @@ def make(web, tmp_path):
         kw.setdefault("search_url", web.url)
         kw.setdefault("cache_path", str(tmp_path / "cache.sqlite"))
         kw.setdefault("http", NET)
+        kw.setdefault("browse_allow", ("127.0.0.1",))  # the fault server is on loopback too
         return WebSearchQAEnv(**kw)
 
     return build
@@ -258,3 +259,47 @@ def test_a_page_number_past_the_int_digit_limit_is_an_observation_not_an_excepti
     env.reset(seed=0)
     obs, _, _, _, info = env.step(f"<think>x</think><browse>{web.url}/wiki/Hamlet#page={'9' * 5000}</browse>")
     assert "there is no part" in obs and info["tool_error"]
+
+
+# ---- browsing cannot reach private addresses (SSRF) -------------------------------------------------
+
+
+def _browse(env, url: str) -> tuple[str, dict]:
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(f"<think>x</think><browse>{url}</browse>")
+    return obs, info
+
+
+def test_browsing_refuses_private_addresses_but_not_the_envs_own_local_web(make, web, faults):
+    env = make(browse_allow=())
+    obs, info = _browse(env, f"{web.url}/wiki/Hamlet")
+    assert "William Shakespeare" in obs and "tool_error" not in info
+    port = faults.url.rsplit(":", 1)[1]
+    for url in (f"{faults.url}/slow?s=0&key=ssrf", f"http://localhost:{port}/slow?s=0&key=ssrf",
+                f"http://[::1]:{port}/", f"http://[::ffff:127.0.0.1]:{port}/", "http://10.1.2.3/",
+                "http://169.254.169.254/latest/meta-data/", f"http://0.0.0.0:{port}/", "http://192.168.0.1/"):
+        obs, info = _browse(env, url)
+        assert "refused" in info["tool_error"] and "non-public address" in obs, url
+    assert faults.hits["/slow:ssrf"] == 0  # refused before any request was sent
+
+
+def test_a_redirect_to_a_private_address_is_refused(make, faults):
+    port = faults.url.rsplit(":", 1)[1]
+    env = make(browse_allow=(f"127.0.0.1:{port}",))
+    obs, info = _browse(env, f"{faults.url}/redirect?to=http://localhost:{port}/slow%3Fs%3D0%26key%3Dhop")
+    assert "refused: localhost is a non-public address" in info["tool_error"]
+    assert faults.hits["/slow:hop"] == 0
+
+
+def test_the_allow_list_names_hosts_ports_or_networks(make, faults):
+    for allow in (["127.0.0.0/8"], [f"127.0.0.1:{faults.url.rsplit(':', 1)[1]}"], ["*"]):
+        obs, info = _browse(make(browse_allow=allow), f"{faults.url}/slow?s=0&key=allowed")
+        assert "all good" in obs and "tool_error" not in info, allow
+
+
+def test_a_page_cached_by_a_permissive_env_is_still_refused_to_a_guarded_one(make, faults, tmp_path):
+    url = f"{faults.url}/slow?s=0&key=cached"
+    cache = str(tmp_path / "shared.sqlite")
+    assert "all good" in _browse(make(browse_allow=["*"], cache_path=cache), url)[0]
+    obs, info = _browse(make(browse_allow=(), cache_path=cache), url)
+    assert "refused" in info["tool_error"]

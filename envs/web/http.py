@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -34,6 +34,7 @@ from requests.adapters import HTTPAdapter
 from treegym.errors import TreegymError
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_REDIRECTS = 10
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_\-:.]+)""", re.IGNORECASE)
 TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/xml", "text/xml")
 
@@ -162,16 +163,19 @@ class Fetcher:
             return sem
 
     def get(self, url: str, *, params: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None,
-            expect: str = "text", oversize: str = "truncate") -> Response:
-        """GET ``url``. ``expect`` is "text" (a page) or "json"; ``oversize`` is "truncate" or "error"."""
-        return self.request("GET", url, params=params, headers=headers, expect=expect, oversize=oversize)
+            expect: str = "text", oversize: str = "truncate", check_url: Callable[[str], None] | None = None) -> Response:
+        """GET ``url``. ``expect`` is "text" (a page) or "json"; ``oversize`` is "truncate" or "error".
+        ``check_url`` (e.g. ``AddressGuard.check``) vets the URL and every redirect target."""
+        return self.request("GET", url, params=params, headers=headers, expect=expect, oversize=oversize,
+                            check_url=check_url)
 
     def post_json(self, url: str, body: Any, *, headers: Mapping[str, str] | None = None) -> Response:
         """POST a JSON body and expect a JSON answer (refused, not cut, when over the size cap)."""
         return self.request("POST", url, json_body=body, headers=headers, expect="json", oversize="error")
 
     def request(self, method: str, url: str, *, params: Mapping[str, Any] | None = None, json_body: Any = None,
-                headers: Mapping[str, str] | None = None, expect: str = "text", oversize: str = "truncate") -> Response:
+                headers: Mapping[str, str] | None = None, expect: str = "text", oversize: str = "truncate",
+                check_url: Callable[[str], None] | None = None) -> Response:
         """One logical request: attempts with backoff until success or a final ``FetchError``."""
         scheme = urlsplit(url).scheme
         if scheme not in ("http", "https"):
@@ -181,7 +185,7 @@ class Fetcher:
         for attempt in range(cfg.retries + 1):
             try:
                 with self._host_slot(url):
-                    resp = self._attempt(method, url, params, json_body, headers, expect, oversize)
+                    resp = self._attempt(method, url, params, json_body, headers, expect, oversize, check_url)
                 return Response(resp.url, resp.status, resp.content_type, resp.text, resp.truncated, attempt + 1, resp.headers)
             except FetchError as err:
                 last = err
@@ -202,7 +206,8 @@ class Fetcher:
         raise last
 
     def _attempt(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
-                 headers: Mapping[str, str] | None, expect: str, oversize: str) -> Response:
+                 headers: Mapping[str, str] | None, expect: str, oversize: str,
+                 check_url: Callable[[str], None] | None = None) -> Response:
         cfg = self.config
         host = urlsplit(url).netloc
         with self._hosts_lock:
@@ -210,9 +215,7 @@ class Fetcher:
         # One deadline for headers and body together: requests' read timeout is per socket read.
         deadline = time.monotonic() + cfg.read_timeout_s
         try:
-            r = self.session.request(method, url, params=params, json=json_body, headers=dict(headers or {}),
-                                     timeout=(cfg.connect_timeout_s, cfg.read_timeout_s), stream=True,
-                                     allow_redirects=True)
+            r = self._open(method, url, params, json_body, headers, check_url)
         except requests.exceptions.ConnectTimeout:
             raise FetchError(url, f"could not connect to {host} within {_fmt_s(cfg.connect_timeout_s)}", retryable=True) from None
         except requests.exceptions.ReadTimeout:
@@ -236,6 +239,26 @@ class Fetcher:
         if expect == "text" and b"\x00" in body[:2048]:
             raise FetchError(url, f"binary content (declared {ctype or 'no content type'}), not a text page", status=status)
         return Response(r.url, status, ctype, decode_body(body, ctype), truncated, headers=dict(r.headers))
+
+    def _open(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
+              headers: Mapping[str, str] | None, check_url: Callable[[str], None] | None) -> requests.Response:
+        """Send the request; with ``check_url``, follow redirects here so each target is vetted."""
+        cfg = self.config
+        common: dict[str, Any] = {"headers": dict(headers or {}), "stream": True,
+                                  "timeout": (cfg.connect_timeout_s, cfg.read_timeout_s)}  # fmt: skip
+        if check_url is None:
+            return self.session.request(method, url, params=params, json=json_body, allow_redirects=True, **common)
+        check_url(url)
+        r = self.session.request(method, url, params=params, json=json_body, allow_redirects=False, **common)
+        for _ in range(MAX_REDIRECTS):
+            if not r.is_redirect:
+                return r
+            target = urljoin(r.url, r.headers["Location"])
+            r.close()
+            check_url(target)
+            r = self.session.request("GET", target, allow_redirects=False, **common)
+        r.close()
+        raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
 
     def _read_body(self, r: requests.Response, url: str, oversize: str, deadline: float) -> tuple[bytes, bool]:
         cfg = self.config

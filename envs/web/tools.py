@@ -17,6 +17,7 @@ from typing import Any
 from treegym.envs.core import ToolError
 from treegym.envs.web.backends import SearchBackend, SearchResult
 from treegym.envs.web.cache import ResponseCache, request_key
+from treegym.envs.web.guard import AddressGuard
 from treegym.envs.web.http import Fetcher, FetchError, HttpConfig
 from treegym.envs.web.pages import Link, html_to_text, plain_text
 
@@ -141,12 +142,14 @@ class SearchTool:
 class BrowseTool:
     """``browse``: URL -> FetchedPage (or ToolError). Pages are cached whole; paging is local."""
 
-    def __init__(self, fetcher: Fetcher, cache: ResponseCache | None) -> None:
-        self.fetcher, self.cache = fetcher, cache
+    def __init__(self, fetcher: Fetcher, cache: ResponseCache | None, guard: AddressGuard | None = None) -> None:
+        self.fetcher, self.cache, self.guard = fetcher, cache, guard
 
     def _browse(self, url: str) -> FetchedPage:
+        check = self.guard.check if self.guard is not None else None
+
         def compute() -> dict[str, Any]:
-            resp = self.fetcher.get(url, expect="text", oversize="truncate")
+            resp = self.fetcher.get(url, expect="text", oversize="truncate", check_url=check)
             if "html" in resp.content_type or "xml" in resp.content_type or (
                 not resp.content_type and "<html" in resp.text[:2000].lower()):
                 page = html_to_text(resp.text, resp.url)
@@ -154,8 +157,13 @@ class BrowseTool:
                 page = plain_text(resp.text)
             return FetchedPage(resp.url, page.title, page.text, page.links, resp.truncated).to_json()
 
+        if check is not None:
+            check(url)  # before the cache too: it is shared with envs that may browse more
         raw = compute() if self.cache is None else self.cache.get_or_compute("browse", {"url": url}, compute)[0]
-        return FetchedPage.from_json(raw)
+        page = FetchedPage.from_json(raw)
+        if check is not None and page.url != url:
+            check(page.url)  # a cached page that a redirect took elsewhere
+        return page
 
     def call_batch(self, payloads: Sequence[Any]) -> list[Any]:
         return _run_batch([str(p) for p in payloads], self._browse, "Browse")
