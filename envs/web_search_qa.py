@@ -120,6 +120,10 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
     ## Fork
     Forks share the HTTP session, the tools and the response cache (so a branch that repeats
     a query is served from the cache), and never the page state, which lives in ``state``.
+    Snapshots pickle, but page URLs are absolute: with the in-process local web (the default)
+    they name this process's port, so a snapshot restored in another process cannot browse
+    them (the observation says why). Share one ``treegym web serve`` (``search_url=...``)
+    between processes to move snapshots across them.
 
     ## Arguments
     dataset: ``"wiki"`` (built-in questions) or a Search-R1 parquet / FlashRAG JSONL file.

@@ -303,3 +303,18 @@ def test_a_page_cached_by_a_permissive_env_is_still_refused_to_a_guarded_one(mak
     assert "all good" in _browse(make(browse_allow=["*"], cache_path=cache), url)[0]
     obs, info = _browse(make(browse_allow=(), cache_path=cache), url)
     assert "refused" in info["tool_error"]
+
+
+def test_a_snapshot_from_another_process_local_web_fails_with_a_clear_message(docs, tmp_path):
+    import pickle
+
+    with LocalWeb(docs) as old_web:
+        env = WebSearchQAEnv(dataset=QA, search_url=old_web.url, cache=False, http=NET)
+        env.reset(seed=0)
+        env.step(f"<think>x</think><browse>{old_web.url}/wiki/Hamlet</browse>")
+        snap = pickle.dumps(env.snapshot())
+    with LocalWeb(docs) as new_web:  # another process: its local web on another port
+        env = WebSearchQAEnv(dataset=QA, search_url=new_web.url, cache=False, http=NET)
+        env.restore(pickle.loads(snap))
+        obs, _, _, _, info = env.step("<think>x</think><browse>next</browse>")
+    assert "another process" in info["tool_error"] and "treegym web serve" in obs

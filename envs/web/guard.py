@@ -52,8 +52,11 @@ class AddressGuard:
             return
         for address in _resolve(host, port):
             if not self._allowed(address):
+                hint = (" If this URL came from a snapshot made in another process: the in-process local web "
+                        "listens on a new port in each process; share one `treegym web serve` (search_url=...) "
+                        "instead.") if address.is_loopback else ""  # fmt: skip
                 raise FetchError(url, f"refused: {host} is a non-public address ({address}); browsing reaches "
-                                      "public addresses only (an env's browse_allow can name others)")  # fmt: skip
+                                      f"public addresses only (an env's browse_allow can name others).{hint}")  # fmt: skip
 
     def _allowed(self, address: Address) -> bool:
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
