@@ -100,12 +100,35 @@ def resolve_model_folder(spec: str) -> Path:
     if spec.lower() == SMOLLM2:
         return smollm2_folder()
     folder = Path(spec).expanduser()
+    if folder.is_dir() and (folder / ADAPTER_CONFIG).exists():
+        return folder
     if not folder.is_dir() or not (folder / "config.json").exists():
         raise ConfigError(
             f"model {spec!r} is neither 'smollm2' nor a local Hugging Face model folder "
             "(a folder with config.json and weights); treegym never downloads from a hub"
         )
     return folder
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def _load_with_adapters(folder: Path, dtype: Any) -> Any:
+    """A LoRA run's final/: its base model (as recorded by peft) with the adapters merged in."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise MissingPackageError("peft", f"loading the LoRA adapters in {folder}") from exc
+    base_path = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    base = resolve_model_folder(base_path) if base_path else None
+    if base is None:
+        raise TreegymError(f"{folder / ADAPTER_CONFIG} names no base model")
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    return PeftModel.from_pretrained(model, folder).merge_and_unload()
 
 
 def load_model(spec: str = SMOLLM2, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
@@ -121,9 +144,13 @@ def load_model(spec: str = SMOLLM2, device: str | None = None, dtype: Any = None
     device = device or default_device()
     if dtype is None:
         dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    adapters = (folder / ADAPTER_CONFIG).exists()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        if adapters:
+            model = _load_with_adapters(folder, dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise TreegymError(f"could not load the model in {folder}: {exc}") from exc
     model.to(device)

@@ -10,6 +10,7 @@ from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
 from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
 from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
 from treegym.errors import ConfigError
+from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
 
@@ -80,6 +81,9 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
     retriever: an already-built Retriever (skips the options above).
     render_mode: None or ``"ansi"`` (``render()`` returns a one-line summary of the episode).
     """
+
+    splits = (*QA_SPLITS, "all")  # the env owns its tasks: trainers, eval and SFT ask it
+    eval_split = "dev"
 
     def __init__(
         self,

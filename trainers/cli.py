@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from treegym.trainers.config import help_text, load_config, parse_overrides
@@ -42,7 +45,9 @@ def add_commands(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from treegym.trainers import runtime as rt
     from treegym.trainers.loop import train
+    from treegym.trainers.recipe import wants_warm_start, warm_start
 
     overrides: list[tuple[str, Any]] = []
     for key, path in (("algo", "algo"), ("env", "env"), ("model", "model"), ("steps", "steps"),
@@ -52,26 +57,75 @@ def run_train(args: argparse.Namespace) -> int:
             overrides.append((path, value))
     overrides += parse_overrides(getattr(args, "overrides", []) or [])
     cfg = load_config(args.config, overrides)
+    rt.preflight(cfg)
+    main = int(os.environ.get("RANK", "0")) == 0
+    base_model = cfg.model
+    ws = None
+    if wants_warm_start(cfg):
+        ws = warm_start(cfg, progress=not args.no_progress, log=print if main else (lambda *_: None))
+        cfg.model = str(ws.folder)
     result = train(cfg, progress=not args.no_progress)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(summary_table(cfg.algo, cfg.env, cfg.model, result))
+    if main and not cfg.run.keep_checkpoints:
+        # The run is finished: its resumable state (optimiser included) is no longer needed.
+        shutil.rmtree(Path(result.folder) / "checkpoints", ignore_errors=True)
+    if main:
+        phases = phase_summary(result, ws)
+        (result.folder / "phases.json").write_text(json.dumps(phases, indent=2) + "\n")
+        print(summary_table(cfg, base_model, result, ws, phases))
     return 0
 
 
-def summary_table(algo: str, env: str, model: str, result: Any) -> str:
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{100 * x:.1f}%"
+def _iv(iv: Any) -> list[float]:
+    return [iv.mean, iv.low, iv.high]
 
-    rows = [
-        ("algorithm", algo),
-        ("env / model", f"{env} / {model}"),
-        ("steps", str(result.steps)),
-        ("EM before", pct(result.em_before)),
-        ("EM after", pct(result.em_after)),
-        ("generated tokens", f"{result.tokens_total:,}"),
-        ("time", f"{result.seconds:.0f} s"),
-        ("run folder", str(result.folder)),
-    ]
+
+def phase_summary(result: Any, ws: Any) -> dict[str, Any]:
+    """Held-out EM (or success), well-formed rate and tool calls per phase, with 95% intervals,
+    and each phase's paired gain on the same prompts."""
+    from treegym.trainers.heldout import paired_difference
+
+    stages = [("untrained", ws.untrained if ws is not None else None),
+              ("after warm start" if ws is not None else "before RL", result.eval_before),
+              ("after RL", result.eval_after)]  # fmt: skip
+    out: dict[str, Any] = {"phases": {}, "gains": {}}
+    for name, h in stages:
+        if h is not None:
+            iv = h.intervals()
+            out["phases"][name] = {"n": h.n, "em": _iv(iv["em"]), "well_formed": _iv(iv["well_formed"]),
+                                   "tool_calls": _iv(iv["tool_calls"])}  # fmt: skip
+    got = [(n, h) for n, h in stages if h is not None]
+    for (n0, h0), (n1, h1) in zip(got, got[1:]):
+        if h0.n == h1.n:
+            out["gains"][f"{n0} -> {n1}"] = _iv(paired_difference(h1, h0))
+    if len(got) > 2 and got[0][1].n == got[-1][1].n:
+        out["gains"][f"{got[0][0]} -> {got[-1][0]}"] = _iv(paired_difference(got[-1][1], got[0][1]))
+    return out
+
+
+def summary_table(cfg: Any, base_model: str, result: Any, ws: Any, phases: dict[str, Any]) -> str:
+    def pct(v: list[float]) -> str:
+        return f"{100 * v[0]:5.1f}% [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+    def pts(v: list[float]) -> str:
+        return f"{100 * v[0]:+.1f} pts [{100 * v[1]:+.1f}, {100 * v[2]:+.1f}]"
+
+    metric = "EM" if cfg.env in ("TreeSearchQA-v0", "WebSearchQA-v0") else "success"
+    warm = "" if ws is None else (f" after a warm start on {ws.examples} expert episodes "
+                                  f"({'cached' if ws.cached else f'built in {ws.seconds:.0f} s'})")
+    rows = [("algorithm", f"{cfg.algo}{warm}"), ("env / model", f"{cfg.env} / {base_model}"),
+            ("steps / tokens", f"{result.steps} / {result.tokens_total:,} generated")]
+    table = []
+    for name, p in phases["phases"].items():
+        table.append((f"{metric} {name}", f"{pct(p['em'])}  well-formed {100 * p['well_formed'][0]:.0f}%, "
+                                          f"tool calls/episode {p['tool_calls'][0]:.2f}  (n={p['n']})"))
+    for name, g in phases["gains"].items():
+        table.append((f"gain {name}", pts(g)))
+    rows += table
+    rows += [("time (RL phase)", f"{result.seconds:.0f} s"), ("run folder", str(result.folder))]
+    final = Path(result.folder) / "final"
+    if final.exists():
+        rows.append(("trained policy", f"{final}  (treegym eval --agent {final})"))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 3 + max(len(v) for _, v in rows))
-    return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), line])
+    note = "(95% intervals: Wilson for EM, paired bootstrap over the same held-out prompts for gains)"
+    return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])

@@ -99,8 +99,10 @@ class RunConfig:
     resume: bool = opt(True, "continue from the latest checkpoint when the run folder has one")
     log_every: int = opt(1, "steps between metric lines")
     save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
+    keep_checkpoints: bool = opt(False, "treegym train: keep the resumable checkpoints (with optimiser state) of a "
+                                 "finished run; by default only final/ (the weights) stays")
     eval_n: int = opt(8, "held-out prompts for EM before/after (0 = skip)")
-    eval_split: str = opt("dev", "split used for evaluation")
+    eval_split: str = opt("auto", "split used for evaluation (auto: the env's held-out split, dev for QA, seen for household)")
     eval_temperature: float = opt(0.0, "sampling temperature for EM before/after (0 = greedy)")
     eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_em_t1)")
     plots: bool = opt(True, "write plots of the metrics at the end of the run")
@@ -121,6 +123,10 @@ class TrainConfig:
     steps: int = opt(4, "training steps")
     prompts_per_step: int = opt(1, "prompts sampled per step (per process under torchrun)")
     token_budget: int = opt(0, "stop once this many tokens have been generated in rollouts (0 = no limit)")
+    warm_start: str = opt("auto", "supervised warm start on the env's expert before RL, cached under TREEGYM_HOME "
+                          "(auto: for the embedded smollm2, which cannot write the action format on its own)",
+                          ["auto", "on", "off"])
+    warm_start_episodes: int = opt(32, "expert episodes the warm start imitates")
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -263,9 +269,28 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+# Defaults that depend on the env, applied under the YAML file and the overrides: each family's
+# turn budget and turn length. (Env keyword defaults, e.g. the QA envs' BM25 index and format
+# score, live with the env factory in runtime.TRAIN_ENV_DEFAULTS.)
+ENV_DEFAULTS: dict[str, dict[str, Any]] = {
+    "TextHousehold-v0": {"sampler.max_turns": 10, "sampler.max_new_tokens": 16, "sampler.max_context_tokens": 1536},
+    "WebSearchQA-v0": {"sampler.max_turns": 3, "sampler.max_new_tokens": 48},
+}
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> TrainConfig:
-    """Defaults, then the YAML file (if any), then the overrides, then validation."""
+    """Defaults, the env's defaults (``ENV_DEFAULTS``), the YAML file (if any), the overrides,
+    then validation."""
+    cfg = _load(path, overrides, {})
+    if cfg.env in ENV_DEFAULTS:  # a second pass, now that the env is known
+        cfg = _load(path, overrides, ENV_DEFAULTS[cfg.env])
+    return validate(cfg)
+
+
+def _load(path: str | Path | None, overrides: Sequence[tuple[str, Any]], env_defaults: dict[str, Any]) -> TrainConfig:
     cfg = TrainConfig()
+    for key, value in env_defaults.items():
+        set_path(cfg, key, value)
     if path is not None:
         p = Path(path)
         if p.is_dir():
@@ -283,7 +308,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, A
         apply_mapping(cfg, data)
     for key, value in overrides:
         set_path(cfg, key, value)
-    return validate(cfg)
+    return cfg
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -74,6 +76,7 @@ class RunResult:
 def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
+    rt.preflight(cfg)
     dist, device = rt.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     try:
@@ -331,6 +334,8 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
             if dist.main:
                 save_checkpoint(folder / "checkpoints", model, optimizer, state, rngs)
     bar.close()
+    if dist.main:
+        save_policy(model, tokenizer, folder / "final")
 
     # ---- after training: EM after, plots, trees, summary ------------------------------------
     after = evaluate_heldout()
@@ -364,6 +369,17 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
 
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
     return bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget
+
+
+def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path) -> Path:
+    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters)."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
 
 
 def _zero_share(advantages: list[torch.Tensor], rollouts: list[Rollout]) -> float:

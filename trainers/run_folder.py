@@ -25,12 +25,12 @@ from treegym.trainers.runlog import read_metrics
 # Everything else decides what the run computes, so a change there would resume another run.
 MAY_CHANGE_ON_RESUME = frozenset({
     "steps", "token_budget", "run.out_dir", "run.name", "run.resume", "run.log_every", "run.save_every",
-    "run.plots", "run.tensorboard", "run.wandb", "run.trees_html", "model_opts.device",
+    "run.plots", "run.tensorboard", "run.wandb", "run.trees_html", "run.keep_checkpoints", "model_opts.device",
 })  # fmt: skip
 
 # The files and folders a run writes (see treegym.trainers.runlog); only these are ever removed.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "trees.html")
-RUN_DIRS = ("checkpoints", "tb", "plots", "wandb")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "trees.html", "phases.json")
+RUN_DIRS = ("checkpoints", "tb", "plots", "wandb", "final")
 
 
 def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:

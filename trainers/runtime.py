@@ -219,7 +219,13 @@ def _entry_point(spec: str) -> Any:
 # Training defaults per env, under the user's env_kwargs. TreeSearchQA-v0 trains on BM25: it
 # builds in seconds and searches without an embedder forward per query, which is what a
 # 2-core CPU run can afford (pass env_kwargs.index=flat for dense retrieval).
-TRAIN_ENV_DEFAULTS: dict[str, dict[str, Any]] = {"TreeSearchQA-v0": {"index": "bm25"}}
+# The QA envs train on Tree-GRPO's format-aware score table (correct and valid 1.0, ... neither
+# 0); evaluation reads info["em"], so it stays pure EM. Pass env_kwargs.format_score=false to
+# train on EM alone.
+TRAIN_ENV_DEFAULTS: dict[str, dict[str, Any]] = {
+    "TreeSearchQA-v0": {"index": "bm25", "format_score": True},
+    "WebSearchQA-v0": {"format_score": True},
+}
 
 
 def make_env(cfg: TrainConfig, split: str) -> gym.Env:
@@ -228,7 +234,7 @@ def make_env(cfg: TrainConfig, split: str) -> gym.Env:
     params = inspect.signature(cls).parameters if callable(cls) else {}
     kwargs = {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}
     if "split" in params and "split" not in kwargs:
-        kwargs["split"] = split
+        kwargs["split"] = resolve_split(cls, cfg.env, split)
     if "max_turns" in params and "max_turns" not in kwargs:
         kwargs["max_turns"] = cfg.sampler.max_turns
     try:
@@ -237,6 +243,29 @@ def make_env(cfg: TrainConfig, split: str) -> gym.Env:
         return gym.make(cfg.env, **kwargs)
     except TypeError as exc:
         raise ConfigError(f"env {cfg.env!r} rejected env_kwargs {kwargs}: {exc}") from None
+    except ValueError as exc:  # an env's own check of its arguments (e.g. a split it lacks)
+        raise ConfigError(f"env {cfg.env!r}: {exc}") from None
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
+    from treegym.agents.models import resolve_model_folder
+
+    cls = _entry_point(cfg.env)
+    resolve_split(cls, cfg.env, cfg.run.train_split)
+    if cfg.run.eval_n:
+        resolve_split(cls, cfg.env, cfg.run.eval_split)
+    resolve_model_folder(cfg.model)
+
+
+def resolve_split(cls: Any, env_id: str, split: str) -> str:
+    """``auto`` -> the env's held-out split; an unknown split is a ConfigError naming the valid ones."""
+    splits = getattr(cls, "splits", None)
+    if split == "auto":
+        return getattr(cls, "eval_split", "dev")
+    if splits is not None and split not in splits and split not in getattr(cls, "split_aliases", ()):
+        raise ConfigError(f"env {env_id!r} has no split {split!r}; its splits: {', '.join(splits)}")
+    return split
 
 
 def task_ids(env: gym.Env) -> list[Any] | None:

@@ -66,7 +66,7 @@ class SFTConfig:
     max_new_tokens: int = 48
     mode: str = "auto"
     eval_n: int = 32
-    eval_split: str = "dev"
+    eval_split: str = "auto"  # the env's held-out split
     train_split: str = "train"
     seed: int = 0
     device: str = "cpu"

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall, require_running
-from treegym.envs.household.tasks import TASK_TYPES, Task, make_task, normalize_split, task_ids
+from treegym.envs.household.tasks import (
+    SPLIT_ALIASES,
+    SPLITS,
+    TASK_TYPES,
+    Task,
+    make_task,
+    normalize_split,
+    task_ids,
+)
 from treegym.envs.household.text import extract_command, opening_prompt
 from treegym.envs.household.world import Action, State, actions, apply, goal_met, look_text
 
@@ -85,6 +93,10 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
       ("step() after the episode ended"), as in every treegym env; ALFWorld's gym wrapper
       stops the game instead.
     """
+
+    splits = tuple(SPLITS)  # the env owns its tasks: trainers, eval and SFT ask it
+    split_aliases = tuple(SPLIT_ALIASES)
+    eval_split = "seen"
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
 

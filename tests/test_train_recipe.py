@@ -1,0 +1,113 @@
+"""``treegym train`` as a user runs it: every env family trains from its defaults, the warm start
+is built once and cached, the summary shows each phase, and a finished run keeps final/ only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from treegym.cli import main
+from treegym.trainers.config import TrainConfig, load_config
+from treegym.trainers.runtime import make_env
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1-layer random Llama over SmolLM2's real tokenizer and chat template: it reads and
+    writes the envs' English text, and a training step takes well under a second."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from treegym.agents.models import smollm2_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=True)  # fmt: skip
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _train(tmp_path: Path, *args: str) -> Path:
+    name = "run"
+    assert main(["train", "--out", str(tmp_path), "--name", name, "--no-progress", *args]) == 0
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("env_id", ["TextHousehold-v0", "WebSearchQA-v0"])
+def test_each_env_family_trains_from_its_defaults(env_id: str, tiny_chat_model: Path, tmp_path: Path, capsys) -> None:
+    folder = _train(tmp_path, "--env", env_id, "--model", str(tiny_chat_model), "--steps", "2",
+                    "--run.eval_n=4", "--sampler.max_new_tokens=8", "--run.tensorboard=false")
+    out = capsys.readouterr().out
+    steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "reward" in r] == [1, 2]
+    assert (folder / "final" / "config.json").exists()
+    assert not (folder / "checkpoints").exists()  # a finished run keeps its weights only
+    phases = json.loads((folder / "phases.json").read_text())
+    assert set(phases["phases"]) == {"before RL", "after RL"} and phases["phases"]["after RL"]["n"] == 4
+    metric = "success" if env_id == "TextHousehold-v0" else "EM"
+    assert f"{metric} after RL" in out and "gain before RL -> after RL" in out
+    saved = json.loads(json.dumps(__import__("yaml").safe_load((folder / "config.yaml").read_text())))
+    if env_id == "TextHousehold-v0":
+        assert saved["run"]["eval_split"] == "auto" and saved["sampler"]["max_turns"] == 10
+
+
+def test_final_weights_load_as_a_model_for_the_next_run(tiny_chat_model: Path, tmp_path: Path) -> None:
+    first = _train(tmp_path / "a", "--env", "TextHousehold-v0", "--model", str(tiny_chat_model), "--steps", "1",
+                   "--run.eval_n=0", "--sampler.max_new_tokens=4", "--sampler.max_turns=2", "--run.tensorboard=false")
+    second = _train(tmp_path / "b", "--env", "TextHousehold-v0", "--model", str(first / "final"), "--steps", "1",
+                    "--run.eval_n=0", "--sampler.max_new_tokens=4", "--sampler.max_turns=2", "--run.tensorboard=false")
+    assert (second / "final" / "model.safetensors").exists()
+
+
+def test_warm_start_is_built_once_then_cached(tiny_chat_model: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TREEGYM_HOME", str(tmp_path / "home"))
+    args = ["--model", str(tiny_chat_model), "--steps", "1", "--warm_start=on", "--warm_start_episodes=4",
+            "--run.eval_n=4", "--env_kwargs", '{"corpus_limit": 300}',
+            "--run.tensorboard=false"]
+    folder = _train(tmp_path / "r1", *args)
+    out = capsys.readouterr().out
+    assert "warm start on" in out and "built in" in out
+    phases = json.loads((folder / "phases.json").read_text())
+    assert list(phases["phases"]) == ["untrained", "after warm start", "after RL"]
+    assert "untrained -> after RL" in phases["gains"]
+    _train(tmp_path / "r2", *args)
+    out = capsys.readouterr().out
+    assert "warm start: cached at" in out and "(cached)" in out
+
+
+def test_qa_training_reward_is_format_aware_and_can_be_switched_off() -> None:
+    cfg = TrainConfig()
+    cfg.env_kwargs = {"corpus_limit": 300}
+    env = make_env(cfg, "train")
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("<think>a guess</think><answer>certainly not the answer</answer>")
+    assert terminated and info["em"] == 0.0 and reward == pytest.approx(0.2)  # wrong but well-formed
+    cfg.env_kwargs = {"corpus_limit": 300, "format_score": False}
+    env = make_env(cfg, "train")
+    env.reset(seed=0)
+    assert env.step("<think>a guess</think><answer>certainly not the answer</answer>")[1] == 0.0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--env", "TextHousehold-v0", "--run.eval_split", "dev"], "has no split 'dev'; its splits: train, seen, unseen"),
+    (["--model", "/no/such/model"], "is neither 'smollm2' nor a local Hugging Face model folder"),
+    (["--env", "NoSuchEnv-v9"], "is not registered"),
+])
+def test_bad_train_config_is_a_one_line_error(args: list[str], message: str, tmp_path: Path, capsys) -> None:
+    assert main(["train", "--out", str(tmp_path), "--no-progress", "--warm_start=off", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_household_defaults_fit_the_env() -> None:
+    cfg = load_config(overrides=[("env", "TextHousehold-v0")])
+    assert cfg.sampler.max_turns == 10 and cfg.sampler.max_new_tokens == 16
+    cfg = load_config(overrides=[("env", "TextHousehold-v0"), ("sampler.max_turns", 3)])
+    assert cfg.sampler.max_turns == 3  # the user's value wins over the env's default

@@ -1,0 +1,148 @@
+"""The default recipe of ``treegym train``: a cached supervised warm start, then RL.
+
+The embedded SmolLM2-135M never writes a well-formed ``<search>``/``<answer>`` turn on its
+own, so RL from it sees reward 0 and learns nothing. The recipe first imitates the env's
+scripted expert (``treegym.trainers.sft``) in the RL context format, then runs the configured
+algorithm from that model. The warm start is cached under ``TREEGYM_HOME/warm-start``, keyed
+by everything it depends on (model, env and its kwargs, expert, turn budget and length,
+context mode, episodes, seed), so a second run pays for it once.
+
+Three held-out evaluations, on the same prompts and with the same protocol, tell what each
+phase contributed: the untrained model (measured once, stored with the warm start), the warm
+start (the RL run's "before") and the end of RL (its "after").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from treegym.errors import ConfigError
+from treegym.paths import cache_dir
+from treegym.trainers.config import TrainConfig
+from treegym.trainers.heldout import HeldOut
+
+WARM_START_VERSION = 1
+# Envs whose scripted expert (treegym.agents.resolve) the warm start imitates, and which one.
+EXPERTS = {"TreeSearchQA-v0": "heuristic", "WebSearchQA-v0": "heuristic", "TextHousehold-v0": "oracle"}
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    folder: Path
+    cached: bool
+    seconds: float  # spent now (0 when cached)
+    examples: int
+    untrained: HeldOut | None  # the base model on the run's held-out prompts
+
+
+def wants_warm_start(cfg: TrainConfig) -> bool:
+    """``auto``: for the embedded model (which cannot write the action format) on an env with an expert."""
+    if cfg.warm_start == "off":
+        return False
+    if cfg.warm_start == "on":
+        if cfg.env not in EXPERTS:
+            raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {', '.join(EXPERTS)})")
+        return True
+    return cfg.model.lower() == "smollm2" and cfg.env in EXPERTS
+
+
+def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
+    from treegym.trainers.runtime import TRAIN_ENV_DEFAULTS
+
+    s = cfg.sampler
+    return {
+        "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
+        "env_kwargs": {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}, "expert": EXPERTS.get(cfg.env),
+        "episodes": cfg.warm_start_episodes, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
+        "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
+        # the untrained model's evaluation is stored with it
+        "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens],
+    }  # fmt: skip
+
+
+def warm_start_folder(cfg: TrainConfig) -> Path:
+    key = json.dumps(warm_start_key(cfg), sort_keys=True, default=str)
+    name = cfg.env.replace(":", "_").replace("/", "_")
+    return cache_dir("warm-start") / f"{name}-{Path(cfg.model).name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
+    """The warm-started model for ``cfg`` (built now, or found in the cache)."""
+    from treegym.trainers.sft import SFT_META, SFTConfig, run_sft
+
+    folder = warm_start_folder(cfg)
+    meta_path = folder / SFT_META
+    if meta_path.exists() and (folder / "config.json").exists():
+        meta = json.loads(meta_path.read_text())
+        log(f"warm start: cached at {folder}")
+        untrained = HeldOut.from_dict(meta["untrained"]) if meta.get("untrained") else None
+        return WarmStart(folder, True, 0.0, int(meta.get("examples", 0)), untrained)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("the warm start is not cached yet: build it once in a single process "
+                          "(`treegym train --steps 0` with the same config), then rerun under torchrun")
+    t0 = time.perf_counter()
+    untrained = evaluate_model(cfg, cfg.model)
+    if untrained is not None:
+        log(f"warm start: untrained {cfg.model}: EM {untrained.em_rate:.3f} on {untrained.n} held-out prompts")
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    sft = SFTConfig(
+        out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=EXPERTS[cfg.env],
+        episodes=cfg.warm_start_episodes, max_turns=cfg.sampler.max_turns, max_new_tokens=cfg.sampler.max_new_tokens,
+        mode=cfg.sampler.context_mode, eval_n=0, train_split=cfg.run.train_split, seed=cfg.seed,
+        device=_device(cfg),
+    )  # fmt: skip
+    result = run_sft(sft, progress=progress, log=log)
+    meta = json.loads((tmp / SFT_META).read_text())
+    meta["untrained"] = untrained.to_dict() if untrained is not None else None
+    meta["key"] = warm_start_key(cfg)
+    (tmp / SFT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another run finished the same warm start first; theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
+    return WarmStart(folder, False, time.perf_counter() - t0, result.examples, untrained)
+
+
+def evaluate_model(cfg: TrainConfig, model_spec: str) -> HeldOut | None:
+    """``model_spec`` on the run's held-out prompts, with the trainer's own protocol."""
+    if not cfg.run.eval_n:
+        return None
+    import torch
+
+    from treegym.agents.hf_policy import HFPolicy
+    from treegym.agents.models import load_model
+    from treegym.agents.policy import SamplingParams
+    from treegym.trainers import runtime as rt
+    from treegym.trainers.heldout import heldout_from_batch
+    from treegym.trainers.rollout import sample_chains
+
+    device = _device(cfg)
+    model, tokenizer = load_model(model_spec, device=device, dtype=torch.float32)
+    env = rt.make_env(cfg, cfg.run.eval_split)
+    prompts = rt.eval_prompts(rt.task_ids(env), cfg.run.eval_n)
+    mode = cfg.sampler.context_mode
+    if mode == "auto":
+        mode = "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+    params = SamplingParams(temperature=cfg.run.eval_temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens,
+                            ignore_eos=cfg.sampler.ignore_eos)
+    with torch.no_grad(), rt.autocast(torch.device(device), cfg.model_opts.bf16):
+        batch = sample_chains(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, 1, params,
+                              max_turns=cfg.sampler.max_turns, mode=mode, max_context_tokens=cfg.sampler.max_context_tokens)
+    return heldout_from_batch(batch)
+
+
+def _device(cfg: TrainConfig) -> str:
+    import torch
+
+    pref = cfg.model_opts.device
+    if pref == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return pref
