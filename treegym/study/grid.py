@@ -195,8 +195,10 @@ def quick_grid() -> Grid:
 def improved_methods(ablations: list[dict[str, Any]]) -> dict[str, Method]:
     """``tree-grpo+`` and ``treeopsd+`` built from the ablations' winners (ablation seeds only).
 
-    tree-grpo+: the expansion rule and the prefix credit with the best mean held-out success
-    over the ablation tasks; treeopsd+: the best TreeOPSD credit shape, with that expansion.
+    tree-grpo+: the expansion rule, the prefix credit and the tree shape with the best mean
+    held-out success over the ablation tasks; treeopsd+: the best TreeOPSD credit shape, with
+    that expansion and shape. Shapes compete only with shapes of the same cost per prompt
+    (n=2 x l=1 against n=1 x l=2), so that B keeps its meaning; n=4 is reported, not chosen.
     Without ablation records, the fixed fallbacks in ``METHODS``.
     """
     import statistics
@@ -215,11 +217,12 @@ def improved_methods(ablations: list[dict[str, Any]]) -> dict[str, Method]:
     expansions = [f"tree-grpo/{e}" for e in ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")]
     expansion = best(expansions).split("/", 1)[1]
     credit = "per_turn" if best(["tree-grpo/with_replacement", "tree-grpo/per_turn"]) == "tree-grpo/per_turn" else "per_leaf"
+    shape = ABLATIONS["tree-grpo/l2"].overrides if best(["tree-grpo/with_replacement", "tree-grpo/l2"]) == "tree-grpo/l2" else ()
     opsd = best(["treeopsd/tree-root", "treeopsd/prompt-root", "treeopsd/fallback", "treeopsd/prompt-root+fallback",
                  "treeopsd/normalized"])
     return {
         "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", expansion),
-                                                          ("advantage.prefix_credit", credit)), tune=PG_TUNE),
-        "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", expansion), *ABLATIONS[opsd].overrides),
-                            tune=OPSD_TUNE),
+                                                          ("advantage.prefix_credit", credit), *shape), tune=PG_TUNE),
+        "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", expansion), *shape,
+                                                      *ABLATIONS[opsd].overrides), tune=OPSD_TUNE),
     }
