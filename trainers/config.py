@@ -120,13 +120,13 @@ class TrainConfig:
     env_kwargs: dict = opt({}, "keyword arguments for gym.make(env, ...); TreeSearchQA-v0 defaults to {index: bm25}")
     model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
     seed: int = opt(0, "seed for prompts, sampling and init")
-    steps: int = opt(4, "training steps")
+    steps: int = opt(3, "training steps")
     prompts_per_step: int = opt(1, "prompts sampled per step (per process under torchrun)")
     token_budget: int = opt(0, "stop once this many tokens have been generated in rollouts (0 = no limit)")
     warm_start: str = opt("auto", "supervised warm start on the env's expert before RL, cached under TREEGYM_HOME "
                           "(auto: for the embedded smollm2, which cannot write the action format on its own)",
                           ["auto", "on", "off"])
-    warm_start_episodes: int = opt(32, "expert episodes the warm start imitates")
+    warm_start_episodes: int = opt(24, "expert episodes the warm start imitates")
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -29,6 +29,9 @@ from treegym.trainers.config import TrainConfig
 from treegym.trainers.heldout import HeldOut
 
 WARM_START_VERSION = 1
+# 24 heuristic episodes (about 20 kept) x 1 epoch at 2e-4 teach SmolLM2 the format: well-formed
+# actions 19% -> 100%, dev EM 0% -> 37.5% on 16 prompts, in 3 optimiser steps (250 s on 2 busy cores).
+WARM_START_LR = 2e-4
 # Envs whose scripted expert (treegym.agents.resolve) the warm start imitates, and which one.
 EXPERTS = {"TreeSearchQA-v0": "heuristic", "WebSearchQA-v0": "heuristic", "TextHousehold-v0": "oracle"}
 
@@ -60,7 +63,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
     return {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
         "env_kwargs": {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}, "expert": EXPERTS.get(cfg.env),
-        "episodes": cfg.warm_start_episodes, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
+        "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
         "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens],
@@ -97,7 +100,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=EXPERTS[cfg.env],
         episodes=cfg.warm_start_episodes, max_turns=cfg.sampler.max_turns, max_new_tokens=cfg.sampler.max_new_tokens,
         mode=cfg.sampler.context_mode, eval_n=0, train_split=cfg.run.train_split, seed=cfg.seed,
-        device=_device(cfg),
+        device=_device(cfg), lr=WARM_START_LR,
     )  # fmt: skip
     result = run_sft(sft, progress=progress, log=log)
     meta = json.loads((tmp / SFT_META).read_text())
