@@ -76,6 +76,7 @@ def test_warm_start_is_built_once_then_cached(tiny_chat_model: Path, tmp_path: P
     assert "warm start on" in out and "built in" in out
     phases = json.loads((folder / "phases.json").read_text())
     assert list(phases["phases"]) == ["untrained", "after warm start", "after RL"]
+    assert (folder / "plots" / "phases.png").stat().st_size > 0
     assert "untrained -> after RL" in phases["gains"]
     _train(tmp_path / "r2", *args)
     out = capsys.readouterr().out

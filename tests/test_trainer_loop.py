@@ -125,7 +125,7 @@ def test_two_process_data_parallel_replicas_stay_identical(tiny_model: Path, tmp
     from transformers import AutoModelForCausalLM
 
     assert a != weights_digest(AutoModelForCausalLM.from_pretrained(tiny_model))  # it did train
-    assert "EM after" in proc.stdout
+    assert "after RL" in proc.stdout and "gain before RL -> after RL" in proc.stdout
 
 
 def test_cli_reports_a_bad_override_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

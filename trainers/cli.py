@@ -71,6 +71,7 @@ def run_train(args: argparse.Namespace) -> int:
     if main:
         phases = phase_summary(result, ws)
         (result.folder / "phases.json").write_text(json.dumps(phases, indent=2) + "\n")
+        plot_phases(phases, Path(result.folder) / "plots" / "phases.png", f"{cfg.algo} on {cfg.env}")
         print(summary_table(cfg, base_model, result, ws, phases))
     return 0
 
@@ -100,6 +101,31 @@ def phase_summary(result: Any, ws: Any) -> dict[str, Any]:
     if len(got) > 2 and got[0][1].n == got[-1][1].n:
         out["gains"][f"{got[0][0]} -> {got[-1][0]}"] = _iv(paired_difference(got[-1][1], got[0][1]))
     return out
+
+
+def plot_phases(phases: dict[str, Any], path: Path, title: str) -> None:
+    """Held-out EM (success) of each phase with its 95% interval: what each phase contributed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(phases["phases"])
+    if not names:
+        return
+    ems = [phases["phases"][n]["em"] for n in names]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(names), 3.4))
+    ax.errorbar(range(len(names)), [e[0] for e in ems], yerr=[[e[0] - e[1] for e in ems], [e[2] - e[0] for e in ems]],
+                marker="o", capsize=4)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel(f"held-out EM / success (n={phases['phases'][names[0]]['n']})")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def summary_table(cfg: Any, base_model: str, result: Any, ws: Any, phases: dict[str, Any]) -> str:
