@@ -116,11 +116,11 @@ METHODS = {
     "tree-grpo": Method("tree-grpo", "tree-grpo", tune=PG_TUNE),
     "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
     # The improved forms: the mechanisms that won the ablations (see ``improved_methods``);
-    # these are the fallbacks used when a study runs no ablations (``--quick``).
-    "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "no_root"),
-                                                      ("advantage.prefix_credit", "per_turn")), tune=PG_TUNE),
-    "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", "no_root"), ("advantage.opsd_root", "prompt"),
-                                                  ("advantage.opsd_fallback", True)), tune=OPSD_TUNE),
+    # without ablations (``--quick``), the winners of the full study of benchmarks/results/study.
+    "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "mixed"), ("advantage.prefix_credit", "per_leaf"),
+                                                      ("sampler.expand_nodes", 1), ("sampler.rounds", 2)), tune=PG_TUNE),
+    "treeopsd+": Method("treeopsd+", "treeopsd", (("sampler.expansion", "mixed"), ("sampler.expand_nodes", 1),
+                                                  ("sampler.rounds", 2), ("advantage.opsd_fallback", True)), tune=OPSD_TUNE),
 }
 
 # Mechanism ablations: each is Tree-GRPO or TreeOPSD with one change, at the reference's lr.
