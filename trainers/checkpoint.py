@@ -2,12 +2,14 @@
 
 A checkpoint is one file ``checkpoints/step_N.pt`` written atomically (temp file, then
 rename), so an interrupted save never leaves a half-file that a resume would pick up.
+``save_policy`` writes what a finished run keeps: the weights alone, as a HF folder.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,3 +141,14 @@ def load_latest_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torc
         raise CheckpointError(f"no checkpoint in {folder} can be loaded: {'; '.join(errors)}. Delete them (or "
                               "set run.resume=false) to start the run over")
     return None
+
+
+def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path) -> Path:
+    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters)."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder

@@ -115,6 +115,13 @@ class TokenContext:
         return self.encode(close + self.glue.open_user + observation + self.glue.close_user_open_assistant)
 
 
+def resolve_mode(mode: str, tokenizer: Any) -> Mode:
+    """``auto`` -> ``chat`` when the tokenizer has a chat template, else ``raw``."""
+    if mode == "auto":
+        return "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+    return mode  # type: ignore[return-value]
+
+
 def make_context(tokenizer: Any, mode: Mode | TokenContext = "chat") -> TokenContext:
     """A ``TokenContext`` for ``mode``, or ``mode`` itself if it already is one."""
     return mode if isinstance(mode, TokenContext) else TokenContext(tokenizer, mode)

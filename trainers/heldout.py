@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from treegym.agents.eval import Interval, bootstrap_interval, wilson_interval
+from treegym.agents.policy import Policy, SamplingParams
+from treegym.trainers.config import TrainConfig
 from treegym.trainers.types import RolloutBatch
 
 
@@ -73,6 +75,21 @@ def heldout_from_batch(batch: RolloutBatch) -> HeldOut:
         good.append(sum(not t.invalid for t in turns) / len(turns) if turns else 0.0)
         calls.append(float(sum(t.tool_calls for t in turns)))
     return HeldOut(tuple(em), tuple(good), tuple(calls))
+
+
+def evaluate_policy(policy: Policy, env: Any, prompts: Sequence[Any], cfg: TrainConfig, mode: str,
+                    temperature: float) -> HeldOut | None:
+    """``policy`` on ``prompts``: one chain each, with the trainer's turn budget and context
+    (the caller holds no_grad and autocast); None when there are no prompts."""
+    from treegym.trainers.rollout import sample_chains
+
+    if not prompts:
+        return None
+    s = cfg.sampler
+    params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos)
+    batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
+                          max_context_tokens=s.max_context_tokens)
+    return heldout_from_batch(batch)
 
 
 def paired_difference(after: HeldOut, before: HeldOut, field: str = "em") -> Interval:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,9 +40,11 @@ from treegym.trainers.checkpoint import (
     load_latest_checkpoint,
     rng_state,
     save_checkpoint,
+    save_policy,
 )
 from treegym.trainers.config import TrainConfig, to_dict
-from treegym.trainers.heldout import HeldOut, heldout_from_batch, success_of
+from treegym.trainers.context import resolve_mode
+from treegym.trainers.heldout import HeldOut, evaluate_policy, success_of
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
 from treegym.trainers.losses import aggregate, get_policy_loss, kl_k3
 from treegym.trainers.rollout import sample_chains, sample_trees
@@ -122,33 +122,29 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
     env = rt.make_env(cfg, cfg.run.train_split)
     eval_env = rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
     ids = rt.task_ids(env)
-    mode = cfg.sampler.context_mode
-    if mode == "auto":
-        mode = "chat" if getattr(tokenizer, "chat_template", None) else "raw"
+    mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
     sampling = SamplingParams(temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p,
                               max_new_tokens=cfg.sampler.max_new_tokens, ignore_eos=cfg.sampler.ignore_eos)
     advantage_fn, adv_kwargs = get_advantage(algo.advantage), advantage_kwargs(algo, cfg)
     loss_fn, l_kwargs = get_policy_loss(algo.loss), loss_kwargs(algo, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def rollout(env_: Any, prompts: list[Any], step_seed: int, *, group: int | None = None,
-                params: SamplingParams = sampling) -> RolloutBatch:
+    def rollout(env_: Any, prompts: list[Any], step_seed: int) -> RolloutBatch:
         common = {"max_turns": cfg.sampler.max_turns, "mode": mode, "max_context_tokens": cfg.sampler.max_context_tokens}
         with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
-            if group is not None or algo.sampler == "chains":
-                return sample_chains(policy, env_, prompts, group or cfg.sampler.group_size, params, **common)
+            if algo.sampler == "chains":
+                return sample_chains(policy, env_, prompts, cfg.sampler.group_size, sampling, **common)
             s = cfg.sampler
             return sample_trees(policy, env_, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves,
-                                params=params, expansion=s.expansion, seed=step_seed, **common)
+                                params=sampling, expansion=s.expansion, seed=step_seed, **common)
 
     def evaluate_heldout(temperature: float = cfg.run.eval_temperature) -> HeldOut | None:
         """One chain per held-out prompt (this process's share), gathered in rank order."""
         if eval_env is None:
             return None
         prompts = rt.eval_prompts(rt.task_ids(eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
-        params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens,
-                                ignore_eos=cfg.sampler.ignore_eos)
-        local = heldout_from_batch(rollout(eval_env, prompts, 0, group=1, params=params)) if prompts else None
+        with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
+            local = evaluate_policy(policy, eval_env, prompts, cfg, mode, temperature)
         return HeldOut.merge(rt.gather_objects(local, dist))
 
     def evaluate(temperature: float = cfg.run.eval_temperature) -> float | None:
@@ -369,17 +365,6 @@ def _train(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, 
 
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
     return bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget
-
-
-def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path) -> Path:
-    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters)."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
 
 
 def _zero_share(advantages: list[torch.Tensor], rollouts: list[Rollout]) -> float:

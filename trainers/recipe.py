@@ -122,24 +122,17 @@ def evaluate_model(cfg: TrainConfig, model_spec: str) -> HeldOut | None:
 
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
-    from treegym.agents.policy import SamplingParams
     from treegym.trainers import runtime as rt
-    from treegym.trainers.heldout import heldout_from_batch
-    from treegym.trainers.rollout import sample_chains
+    from treegym.trainers.context import resolve_mode
+    from treegym.trainers.heldout import evaluate_policy
 
     device = _device(cfg)
     model, tokenizer = load_model(model_spec, device=device, dtype=torch.float32)
     env = rt.make_env(cfg, cfg.run.eval_split)
     prompts = rt.eval_prompts(rt.task_ids(env), cfg.run.eval_n)
-    mode = cfg.sampler.context_mode
-    if mode == "auto":
-        mode = "chat" if getattr(tokenizer, "chat_template", None) else "raw"
-    params = SamplingParams(temperature=cfg.run.eval_temperature, top_p=1.0, max_new_tokens=cfg.sampler.max_new_tokens,
-                            ignore_eos=cfg.sampler.ignore_eos)
+    mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
     with torch.no_grad(), rt.autocast(torch.device(device), cfg.model_opts.bf16):
-        batch = sample_chains(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, 1, params,
-                              max_turns=cfg.sampler.max_turns, mode=mode, max_context_tokens=cfg.sampler.max_context_tokens)
-    return heldout_from_batch(batch)
+        return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature)
 
 
 def _device(cfg: TrainConfig) -> str:

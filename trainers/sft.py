@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.context import TokenContext
+from treegym.trainers.context import TokenContext, resolve_mode
 from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, read_traces, select_examples
 
 SFT_META = "sft.json"
@@ -305,7 +305,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
 
     device = torch.device(cfg.device)
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    mode = cfg.mode if cfg.mode != "auto" else ("chat" if getattr(tokenizer, "chat_template", None) else "raw")
+    mode = resolve_mode(cfg.mode, tokenizer)
     ctx = TokenContext(tokenizer, mode)  # type: ignore[arg-type]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     examples, dropped = select_examples(ctx, episodes, cfg.only_correct, cfg.max_new_tokens)
