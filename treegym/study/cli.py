@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from treegym.errors import ConfigError
-from treegym.study.grid import ABLATIONS, METHODS, TASKS, Grid, improved_methods, quick_grid
+from treegym.study.grid import METHODS, TASKS, Grid, improved_methods, quick_grid
 from treegym.study.report import choose_settings, write_report
 from treegym.study.run import run_all
 
@@ -114,4 +114,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune-seeds", type=int, default=0, help="tuning seeds per setting (default 3; --quick 1)")
     p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cmd_study, ablation_names=tuple(ABLATIONS))
+    p.set_defaults(func=_cmd_study)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 STEP_CHAINS = 16  # chain-equivalents of rollout per training step
@@ -60,7 +60,6 @@ class RunSpec:
     setting: tuple[tuple[str, Any], ...] = ()  # tuned hyperparameters (or the one being tried)
     eval_n: int = 64
     evals: int = 4  # held-out evaluations during the run, besides before and after
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
