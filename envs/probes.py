@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
-from treegym.errors import ConfigError, TreegymError
+from treegym.envs.core import ForkableEnv, StepResult, ToolCall, require_running
+from treegym.errors import ConfigError
 
 TURN_MARKS = tuple(str(i) for i in range(1, 17))  # Lock's observation: the number of the next turn
 VOCAB = ("[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "?", "x", "go", "ok", "no", *TURN_MARKS)
@@ -118,8 +118,8 @@ class ProbeEnv(ForkableEnv[ProbeState]):
 
     def plan(self, action: str) -> list[ToolCall]:
         s = self.state
-        if s is None or s.done:
-            raise TreegymError("step() after the episode ended: call env.reset()" if s else "step() before reset()")
+        require_running(s, s is not None and s.done)
+        assert s is not None
         words = str(action).split()
         move = words[0] if words else ""
         calls = [ToolCall("lookup", s.keys[-1])] if self._calls_lookup(s, move) else []
