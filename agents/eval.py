@@ -178,12 +178,8 @@ def make_eval_env(env_id: str, split: str | None, env_kwargs: dict[str, Any] | N
 
 def task_prompts(env: gym.Env, n: int, seed: int) -> list[Prompt]:
     """``n`` tasks: distinct task ids drawn (seeded) when the env lists its tasks, else seeds."""
-    base = env.unwrapped
-    ids: list[str] = []
-    if getattr(base, "items", None):
-        ids = [str(it.id) for it in base.items]
-    elif getattr(base, "task_ids", None):
-        ids = [str(t) for t in (base.task_ids() if callable(base.task_ids) else base.task_ids)]
+    listed = getattr(env.unwrapped, "task_ids", None)
+    ids = [str(t) for t in (listed() or [])] if callable(listed) else []
     if not ids:
         return [seed + i for i in range(n)]
     rng = random.Random(seed)

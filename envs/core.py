@@ -169,6 +169,11 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
     def render(self) -> str:
         return repr(self.state)
 
+    def task_ids(self) -> list[str] | None:
+        """The ids of this env's tasks (its split), each a valid ``reset(options={"task_id": id})``;
+        None when tasks are drawn from the seed alone."""
+        return None
+
     # ---- snapshot and fork ----------------------------------------------------------------
 
     def snapshot(self) -> Snapshot[StateT]:

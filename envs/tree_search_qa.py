@@ -160,6 +160,9 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
 
     # ---- episode ------------------------------------------------------------------------------
 
+    def task_ids(self) -> list[str]:
+        return [it.id for it in self.items]
+
     def _reset_state(self, options: dict[str, Any]) -> tuple[QAState, str, dict[str, Any]]:
         item = pick_item(self.items, self._by_id, options, self.np_random)
         state = QAState(item=item)

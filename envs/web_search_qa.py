@@ -223,6 +223,9 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
 
     # ---- episode ------------------------------------------------------------------------------
 
+    def task_ids(self) -> list[str]:
+        return [it.id for it in self.items]
+
     def _reset_state(self, options: dict[str, Any]) -> tuple[WebState, str, dict[str, Any]]:
         item = pick_item(self.items, self._by_id, options, self.np_random)
         state = WebState(item=item)

@@ -269,11 +269,9 @@ def resolve_split(cls: Any, env_id: str, split: str) -> str:
 
 
 def task_ids(env: gym.Env) -> list[Any] | None:
-    """The env's pinned task ids (``items[i].id``), or None if it draws tasks from seeds."""
-    items = getattr(env.unwrapped, "items", None)
-    if items:
-        return [getattr(it, "id", i) for i, it in enumerate(items)]
-    return None
+    """The env's task ids (``ForkableEnv.task_ids``), or None if it draws tasks from seeds."""
+    ids = getattr(env.unwrapped, "task_ids", None)
+    return ids() if callable(ids) else None
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:

@@ -158,6 +158,9 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
 
     # ---- contract -------------------------------------------------------------------------
 
+    def task_ids(self) -> list[str]:
+        return task_ids(self.split, self.task_types)
+
     def _reset_state(self, options: dict[str, Any]) -> tuple[HouseholdState, str, dict[str, Any]]:
         task_id = options.get("task_id")
         if task_id is None:
