@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from treegym.agents.policy import SamplingParams
-from treegym.cli import json_object_option
+from treegym.options import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
@@ -29,7 +29,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--agent", required=True, help=_AGENT_HELP)
     p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
     p.add_argument("--n", type=int, default=20, help="episodes (distinct tasks, drawn with --seed; default 20)")
-    p.add_argument("--split", default="dev", help="task split (default dev; TextHousehold maps dev to seen)")
+    p.add_argument("--split", default="auto", help="task split (default auto: the env's held-out split, dev for QA, seen for household)")
     p.add_argument("--seed", type=int, default=0, help="seed of the task draw and tree search (default 0)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl, report.json, trees.html")
     p.add_argument("--trees", action="store_true",

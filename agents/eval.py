@@ -24,13 +24,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+import treegym.envs as envs
 from treegym.agents.base import Message
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.resolve import ResolvedAgent, resolve_agent
-from treegym.agents.run import Episode, run_episode
-from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.rollout import Prompt, sample_chains, sample_trees
-from treegym.trainers.types import Tree
+from treegym.agents.rollout.episode import Episode, run_episode
+from treegym.agents.rollout.samplers import Prompt, sample_chains, sample_trees
+from treegym.agents.rollout.types import Tree
+from treegym.errors import ConfigError
 
 Z95 = 1.959963984540054
 
@@ -156,26 +157,6 @@ def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[
 # ---- tasks ---------------------------------------------------------------------------------
 
 
-def make_eval_env(env_id: str, split: str | None, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
-    """``gym.make`` the env on ``split``. TextHousehold has no ``dev``: it maps to ``seen``."""
-    import treegym  # noqa: F401  (registers the ids)
-
-    kwargs = dict(env_kwargs or {})
-    if split is not None:
-        if env_id.startswith("TextHousehold") and split == "dev":
-            split = "seen"
-        kwargs.setdefault("split", split)
-    if env_id not in gym.registry:
-        known = ", ".join(sorted(k for k in gym.registry if "QA" in k or "Household" in k))
-        raise ConfigError(f"unknown env {env_id!r}; treegym envs: {known}")
-    try:
-        return gym.make(env_id, **kwargs)
-    except TreegymError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"cannot make {env_id} with {kwargs}: {exc}") from exc
-
-
 def task_prompts(env: gym.Env, n: int, seed: int) -> list[Prompt]:
     """``n`` tasks: distinct task ids drawn (seeded) when the env lists its tasks, else seeds."""
     listed = getattr(env.unwrapped, "task_ids", None)
@@ -201,7 +182,7 @@ def evaluate(
     agent: str | Any,
     env_id: str,
     n: int,
-    split: str | None = "dev",
+    split: str | None = "auto",
     seed: int = 0,
     out: str | Path | None = None,
     trees: bool = False,
@@ -218,7 +199,8 @@ def evaluate(
     Args:
         agent: a spec (``heuristic``, ``oracle``, ``smollm2``, a model folder,
             ``openai:URL[#model]``, ``module:callable``) or an agent / Policy object.
-        split: the task split (``dev`` by default; ``None`` keeps the env's own default).
+        split: the task split (``auto``, the default: the env's held-out split, e.g. dev for QA
+            and seen for household; ``None`` keeps the env's own default).
         out: a folder for ``traces.jsonl``, ``report.json`` and (``trees``) ``trees.html``.
         trees: also sample Tree-GRPO trees (m=2, n=2, l=1, k=3) on the first ``tree_prompts``
             tasks and write their HTML view (policy agents only).
@@ -235,7 +217,7 @@ def evaluate(
     resolved = resolve_agent(agent, env_id) if isinstance(agent, str) else ResolvedAgent(str(type(agent).__name__), agent)
     if trees and not resolved.is_policy:
         raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
-    env = make_eval_env(env_id, split, env_kwargs)
+    env = envs.make(env_id, split, **(env_kwargs or {}))
     prompts = task_prompts(env, n, seed)
     params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
     out_dir = Path(out) if out is not None else None

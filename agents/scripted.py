@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treegym.agents.base import Message
-from treegym.envs.rewards import normalize_answer
+from treegym.retrieval_index.scoring import normalize_answer
 
 GIVE_UP = "unknown"
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from treegym.trainers.types import Node, Tree
+from treegym.agents.rollout.types import Node, Tree
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}

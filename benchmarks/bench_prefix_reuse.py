@@ -24,8 +24,9 @@ from treegym.agents.chat import chat_prompt_ids, text_ids
 from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.models import load_model
 from treegym.agents.policy import STOP_STRINGS, SamplingParams
-from treegym.envs.react import SEARCH_R1_PROMPT, format_information
+from treegym.envs.react import format_information
 from treegym.retrieval_index.corpus import wiki_documents
+from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 from treegym.retrieval_index.types import Hit
 
 QUESTION = "Which river flows through the capital city of the country where the Eiffel Tower stands?"

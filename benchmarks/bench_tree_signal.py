@@ -31,11 +31,11 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
     from treegym.agents.policy import SamplingParams
+    from treegym.agents.rollout.samplers import sample_chains, sample_trees
     from treegym.envs.probe_model import build_probe_model
     from treegym.study.grid import TASKS
     from treegym.trainers.advantages import get_advantage
     from treegym.trainers.losses import teacher_ratio
-    from treegym.trainers.rollout import sample_chains, sample_trees
 
     task = TASKS[task_name]
     env = gym.make(task.env, horizon=task.horizon, choices=task.choices).unwrapped

@@ -63,7 +63,7 @@ def main() -> None:
     import treegym  # noqa: F401
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.policy import SamplingParams
-    from treegym.trainers.rollout import sample_chains, sample_trees
+    from treegym.agents.rollout.samplers import sample_chains, sample_trees
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -55,7 +55,7 @@ def main() -> int:
     from treegym.agents.models import load_model
     from treegym.agents.policy import STOP_STRINGS, SamplingParams
     from treegym.agents.vllm_policy import VLLMPolicy
-    from treegym.envs.react import SEARCH_R1_PROMPT
+    from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 
     failures: list[str] = []
     ref_model, tok = load_model(args.model, device="cuda", dtype=torch.float32)

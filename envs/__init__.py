@@ -1,4 +1,4 @@
-"""treegym environments: registration, and fork/snapshot for envs made by ``gym.make``."""
+"""treegym environments: the factory (``make``), registration, and fork/snapshot for envs made by ``gym.make``."""
 
 from __future__ import annotations
 
@@ -8,23 +8,7 @@ import gymnasium as gym
 
 from treegym.envs.core import ForkableEnv, Snapshot, Tool, ToolCall, ToolError, UnicodeText
 from treegym.envs.pool import EnvPool
-
-ENV_IDS = ("TreeSearchQA-v0", "WebSearchQA-v0", "TextHousehold-v0")
-
-
-def register_envs() -> None:
-    """Register treegym's ids with gymnasium (idempotent)."""
-    entries = {
-        "TreeSearchQA-v0": "treegym.envs.tree_search_qa:TreeSearchQAEnv",
-        "WebSearchQA-v0": "treegym.envs.web_search_qa:WebSearchQAEnv",
-        "TextHousehold-v0": "treegym.envs.household.env:TextHouseholdEnv",
-    }
-    from treegym.envs.probes import PROBE_IDS
-
-    for env_id, entry_point in {**entries, **PROBE_IDS}.items():
-        if env_id not in gym.registry:
-            # The env owns its turn budget (max_turns), so no TimeLimit wrapper.
-            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+from treegym.envs.registry import ENV_IDS, VARIANTS, make, register_envs, training_id
 
 
 def _base(env: gym.Env) -> ForkableEnv:
@@ -63,10 +47,13 @@ __all__ = [
     "ToolCall",
     "ToolError",
     "UnicodeText",
+    "VARIANTS",
     "fork",
+    "make",
     "register_envs",
     "restore",
     "snapshot",
+    "training_id",
 ]
 
 

@@ -20,15 +20,6 @@ INVALID_ACTION_MESSAGE = (
     "between <answer> and </answer>. Let me try again.\n"
 )
 
-SEARCH_R1_PROMPT = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
-    "every time you get new information. After reasoning, if you find you lack some knowledge, "
-    "you can call a search engine by <search> query </search> and it will return the top "
-    "searched results between <information> and </information>. You can search as many times "
-    "as your want. If you find no further external knowledge needed, you can directly provide "
-    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
-    "<answer> Beijing </answer>. Question: {question}\n"
-)
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
 from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
-from treegym.envs.react import INVALID_ACTION_MESSAGE, SEARCH_R1_PROMPT, format_information, parse_action
+from treegym.envs.react import INVALID_ACTION_MESSAGE, format_information, parse_action
 from treegym.errors import ConfigError
 from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
+from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
 

@@ -23,6 +23,17 @@ from treegym.retrieval_index.types import QAItem
 FORMATS = ("jsonl", "parquet")
 OPEN_TYPE = "open"  # the type of a question from a data file: open-domain QA
 
+# Search-R1's prompt, verbatim: its data files and TreeSearchQA-v0's opening observation both use it.
+SEARCH_R1_PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
+    "every time you get new information. After reasoning, if you find you lack some knowledge, "
+    "you can call a search engine by <search> query </search> and it will return the top "
+    "searched results between <information> and </information>. You can search as many times "
+    "as your want. If you find no further external knowledge needed, you can directly provide "
+    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+
 
 class QADataError(TreegymError):
     """A QA data file that cannot be read; the message names the file and the line or row."""
@@ -178,11 +189,13 @@ def _metadata(it: QAItem) -> dict[str, Any]:
     return {"type": it.type, "hops": it.hops, "supporting_ids": list(it.supporting_ids), "source": it.source}
 
 
-def write_search_r1_parquet(items: Sequence[QAItem], path: Path, prompt_template: str) -> Path:
+def write_search_r1_parquet(items: Sequence[QAItem], path: Path, prompt_template: str | None = None) -> Path:
     """Search-R1's training parquet: the columns its ``nq_search.py`` writes, plus FlashRAG's.
 
-    ``prompt_template`` has a ``{question}`` field (the env's prompt, so training and the env agree).
+    ``prompt_template`` has a ``{question}`` field; by default Search-R1's own prompt, which
+    TreeSearchQA-v0 also opens with, so training and the env agree.
     """
+    prompt_template = SEARCH_R1_PROMPT if prompt_template is None else prompt_template
     pa = _pyarrow()
     rows = [
         {

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from treegym.agents.rollout.types import Rollout
 from treegym.errors import ConfigError
 from treegym.trainers.advantages import (
     ADVANTAGES,
@@ -16,7 +17,6 @@ from treegym.trainers.advantages import (
     tree_grpo_advantages,
     turn_credit,
 )
-from treegym.trainers.types import Rollout
 
 
 def t(*xs: float) -> torch.Tensor:

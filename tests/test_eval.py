@@ -11,7 +11,7 @@ from toy_env import ToyEnv
 import treegym  # noqa: F401
 from treegym.agents.eval import bootstrap_interval, evaluate, wilson_interval
 from treegym.agents.resolve import resolve_agent
-from treegym.agents.run import run_episode
+from treegym.agents.rollout.episode import run_episode
 from treegym.cli import main
 from treegym.errors import ConfigError
 

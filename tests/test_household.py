@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treegym
-from treegym.agents.run import run_episode
+from treegym.agents.rollout.episode import run_episode
 from treegym.envs.checker import check_fork_contract
 from treegym.envs.household.env import TextHouseholdEnv
 from treegym.envs.household.planner import HouseholdOracle, walkthrough

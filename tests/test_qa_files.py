@@ -9,10 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from treegym.envs.react import SEARCH_R1_PROMPT
 from treegym.errors import ConfigError, MissingPackageError
 from treegym.retrieval_index.qa import load_qa
-from treegym.retrieval_index.qa_files import QADataError, write_flashrag_jsonl, write_search_r1_parquet
+from treegym.retrieval_index.qa_files import (
+    SEARCH_R1_PROMPT,
+    QADataError,
+    write_flashrag_jsonl,
+    write_search_r1_parquet,
+)
 
 
 def _search_r1_row(i: int, question: str, answers: list[str], source: str = "nq") -> dict:

@@ -9,12 +9,12 @@ import pytest
 
 import treegym  # noqa: F401
 from treegym.agents.policy import SamplingParams
+from treegym.agents.rollout.context import TokenContext
+from treegym.agents.rollout.samplers import choose_nodes, sample_chains, sample_trees, to_rollout
+from treegym.agents.rollout.types import Node, Tree, Turn
 from treegym.agents.tree_html import tree_html
 from treegym.envs import fork
 from treegym.errors import ConfigError
-from treegym.trainers.context import TokenContext
-from treegym.trainers.rollout import choose_nodes, sample_chains, sample_trees, to_rollout
-from treegym.trainers.types import Node, Tree, Turn
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=6, seed=1)
 

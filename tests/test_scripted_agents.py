@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 import treegym  # noqa: F401  (registers the envs)
-from treegym.agents.run import run_episode
+from treegym.agents.rollout.episode import run_episode
 from treegym.agents.scripted import (
     GIVE_UP,
     HeuristicQAAgent,
@@ -18,10 +18,11 @@ from treegym.agents.scripted import (
     life_years,
     parse_information,
 )
-from treegym.envs.react import SEARCH_R1_PROMPT, format_information
-from treegym.envs.rewards import exact_match
+from treegym.envs.react import format_information
 from treegym.retrieval_index.corpus import wiki_documents
 from treegym.retrieval_index.qa import QUESTION_TYPES, load_qa
+from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
+from treegym.retrieval_index.scoring import exact_match
 from treegym.retrieval_index.types import Hit
 
 

@@ -12,10 +12,10 @@ import torch
 
 import treegym  # noqa: F401  (registers the env ids)
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
+from treegym.agents.rollout.context import TokenContext
+from treegym.agents.rollout.samplers import sample_chains
 from treegym.cli import main
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.context import TokenContext
-from treegym.trainers.rollout import sample_chains
 from treegym.trainers.sft import SFTConfig, check_writable, example_loss, run_sft, train_examples
 from treegym.trainers.sft_data import (
     ExpertEpisode,

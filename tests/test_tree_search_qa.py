@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import treegym
 from treegym.envs import EnvPool, fork
 from treegym.envs.checker import check_fork_contract
-from treegym.envs.cli import play
+from treegym.envs.cli_play import play
 from treegym.envs.react import INVALID_ACTION_MESSAGE, parse_action
 from treegym.envs.tree_search_qa import TreeSearchQAEnv
 from treegym.errors import ConfigError

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from treegym.agents.rollout.types import Rollout
 from treegym.errors import ConfigError
-from treegym.trainers.types import Rollout
 
 EPS = 1e-6
 

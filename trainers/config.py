@@ -117,7 +117,7 @@ class RunConfig:
 class TrainConfig:
     algo: str = opt("tree-grpo", "algorithm", ["grpo", "tree-grpo", "treeopsd"])
     env: str = opt("TreeSearchQA-v0", "environment id")
-    env_kwargs: dict = opt({}, "keyword arguments for gym.make(env, ...); TreeSearchQA-v0 defaults to {index: bm25}")
+    env_kwargs: dict = opt({}, "keyword arguments for the env, over its training variant's (TreeSearchQA-Train-v0: {index: bm25, format_score: true})")
     model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
     seed: int = opt(0, "seed for prompts, sampling and init")
     steps: int = opt(3, "training steps")
@@ -271,7 +271,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 # Defaults that depend on the env, applied under the YAML file and the overrides: each family's
 # turn budget and turn length. (Env keyword defaults, e.g. the QA envs' BM25 index and format
-# score, live with the env factory in runtime.TRAIN_ENV_DEFAULTS.)
+# score, are the envs' registered training variants: treegym.envs.registry.VARIANTS.)
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "TextHousehold-v0": {"sampler.max_turns": 10, "sampler.max_new_tokens": 16, "sampler.max_context_tokens": 1536},
     "WebSearchQA-v0": {"sampler.max_turns": 3, "sampler.max_new_tokens": 48},

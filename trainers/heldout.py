@@ -14,8 +14,8 @@ from typing import Any
 
 from treegym.agents.eval import Interval, bootstrap_interval, wilson_interval
 from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.rollout.types import RolloutBatch
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.types import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def evaluate_policy(policy: Policy, env: Any, prompts: Sequence[Any], cfg: Train
                     temperature: float) -> HeldOut | None:
     """``policy`` on ``prompts``: one chain each, with the trainer's turn budget and context
     (the caller holds no_grad and autocast); None when there are no prompts."""
-    from treegym.trainers.rollout import sample_chains
+    from treegym.agents.rollout.samplers import sample_chains
 
     if not prompts:
         return None

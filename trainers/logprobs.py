@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from treegym.trainers.types import Rollout
+from treegym.agents.rollout.types import Rollout
 
 
 @dataclass(frozen=True)

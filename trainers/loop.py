@@ -31,6 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from treegym.agents.policy import SamplingParams
+from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.samplers import sample_chains, sample_trees
+from treegym.agents.rollout.types import Rollout, RolloutBatch
 from treegym.errors import TreegymError
 from treegym.trainers import runtime as rt
 from treegym.trainers.advantages import get_advantage
@@ -43,14 +46,11 @@ from treegym.trainers.checkpoint import (
     save_policy,
 )
 from treegym.trainers.config import TrainConfig, to_dict
-from treegym.trainers.context import resolve_mode
 from treegym.trainers.heldout import HeldOut, evaluate_policy, success_of
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
 from treegym.trainers.losses import aggregate, get_policy_loss, kl_k3
-from treegym.trainers.rollout import sample_chains, sample_trees
 from treegym.trainers.run_folder import open_run_folder, remove_if_unused
 from treegym.trainers.runlog import RunLog, plot_metrics
-from treegym.trainers.types import Rollout, RolloutBatch
 
 MAX_NONFINITE_STREAK = 3
 

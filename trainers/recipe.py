@@ -57,12 +57,12 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
-    from treegym.trainers.runtime import TRAIN_ENV_DEFAULTS
+    from treegym.trainers.runtime import train_env_kwargs
 
     s = cfg.sampler
     return {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
-        "env_kwargs": {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}, "expert": EXPERTS.get(cfg.env),
+        "env_kwargs": train_env_kwargs(cfg), "expert": EXPERTS.get(cfg.env),
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
@@ -122,8 +122,8 @@ def evaluate_model(cfg: TrainConfig, model_spec: str) -> HeldOut | None:
 
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
+    from treegym.agents.rollout.context import resolve_mode
     from treegym.trainers import runtime as rt
-    from treegym.trainers.context import resolve_mode
     from treegym.trainers.heldout import evaluate_policy
 
     device = _device(cfg)

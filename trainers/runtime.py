@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
-import inspect
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -22,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError, MissingPackageError
 from treegym.trainers.config import TrainConfig
 
@@ -197,75 +196,30 @@ def policy_generators(policy: Any) -> dict[str, torch.Generator]:
 # ---- envs and prompts ---------------------------------------------------------------------------
 
 
-def _entry_point(spec: str) -> Any:
-    if ":" in spec:
-        module, _, name = spec.partition(":")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"env {spec!r}: cannot import {name} from {module} ({exc})") from None
-    import treegym  # noqa: F401  (registers the treegym ids)
-
-    if spec not in gym.registry:
-        known = ", ".join(sorted(k for k in gym.registry if not k.startswith(("ALE/", "Ant", "Humanoid"))) [:20])
-        raise ConfigError(f"env {spec!r} is not registered (known ids include: {known}); or pass module:Class")
-    ep = gym.registry[spec].entry_point
-    if isinstance(ep, str):
-        module, _, name = ep.partition(":")
-        return getattr(importlib.import_module(module), name)
-    return ep
+def train_env_id(cfg: TrainConfig) -> str:
+    """The id the run trains on: the env's registered training variant, if it has one."""
+    return env_registry.training_id(cfg.env)
 
 
-# Training defaults per env, under the user's env_kwargs. TreeSearchQA-v0 trains on BM25: it
-# builds in seconds and searches without an embedder forward per query, which is what a
-# 2-core CPU run can afford (pass env_kwargs.index=flat for dense retrieval).
-# The QA envs train on Tree-GRPO's format-aware score table (correct and valid 1.0, ... neither
-# 0); evaluation reads info["em"], so it stays pure EM. Pass env_kwargs.format_score=false to
-# train on EM alone.
-TRAIN_ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "TreeSearchQA-v0": {"index": "bm25", "format_score": True},
-    "WebSearchQA-v0": {"format_score": True},
-}
+def train_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The env kwargs of a training run: the variant's, under the user's ``env_kwargs``."""
+    return {**env_registry.env_kwargs(train_env_id(cfg)), **cfg.env_kwargs}
 
 
 def make_env(cfg: TrainConfig, split: str) -> gym.Env:
-    """One env for ``split`` (passed only to envs that take a split), with the sampler's turn budget."""
-    cls = _entry_point(cfg.env)
-    params = inspect.signature(cls).parameters if callable(cls) else {}
-    kwargs = {**TRAIN_ENV_DEFAULTS.get(cfg.env, {}), **cfg.env_kwargs}
-    if "split" in params and "split" not in kwargs:
-        kwargs["split"] = resolve_split(cls, cfg.env, split)
-    if "max_turns" in params and "max_turns" not in kwargs:
-        kwargs["max_turns"] = cfg.sampler.max_turns
-    try:
-        if ":" in cfg.env:
-            return cls(**kwargs)
-        return gym.make(cfg.env, **kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"env {cfg.env!r} rejected env_kwargs {kwargs}: {exc}") from None
-    except ValueError as exc:  # an env's own check of its arguments (e.g. a split it lacks)
-        raise ConfigError(f"env {cfg.env!r}: {exc}") from None
+    """One env of the run's training variant on ``split``, with the sampler's turn budget."""
+    return env_registry.make(train_env_id(cfg), split, max_turns=cfg.sampler.max_turns, **cfg.env_kwargs)
 
 
 def preflight(cfg: TrainConfig) -> None:
     """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
     from treegym.agents.models import resolve_model_folder
 
-    cls = _entry_point(cfg.env)
-    resolve_split(cls, cfg.env, cfg.run.train_split)
+    cls = env_registry.env_class(cfg.env)
+    env_registry.resolve_split(cls, cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
-        resolve_split(cls, cfg.env, cfg.run.eval_split)
+        env_registry.resolve_split(cls, cfg.env, cfg.run.eval_split)
     resolve_model_folder(cfg.model)
-
-
-def resolve_split(cls: Any, env_id: str, split: str) -> str:
-    """``auto`` -> the env's held-out split; an unknown split is a ConfigError naming the valid ones."""
-    splits = getattr(cls, "splits", None)
-    if split == "auto":
-        return getattr(cls, "eval_split", "dev")
-    if splits is not None and split not in splits and split not in getattr(cls, "split_aliases", ()):
-        raise ConfigError(f"env {env_id!r} has no split {split!r}; its splits: {', '.join(splits)}")
-    return split
 
 
 def task_ids(env: gym.Env) -> list[Any] | None:

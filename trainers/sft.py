@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.context import TokenContext, resolve_mode
 from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, read_traces, select_examples
 
 SFT_META = "sft.json"
@@ -235,7 +235,7 @@ def format_score(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequ
     """Greedy chains on ``prompts``: EM per episode, and the share of well-formed actions."""
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.policy import SamplingParams
-    from treegym.trainers.rollout import sample_chains
+    from treegym.agents.rollout.samplers import sample_chains
 
     policy = HFPolicy(model, tokenizer, seed=seed)
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens)

@@ -1,7 +1,7 @@
 """Expert episodes for supervised warm starts: collected from a scripted expert or read from traces.
 
 An episode becomes one token sequence in exactly the RL trainer's context format
-(``treegym.trainers.context.TokenContext``): prompt ids, then per turn the action ids followed
+(``treegym.agents.rollout.context.TokenContext``): prompt ids, then per turn the action ids followed
 by the observation ids. Only action ids carry a label; the prompt, the observations and the
 chat glue around them are context, as they are in ``to_rollout``'s loss mask. Action ids are
 ``TokenContext.encode(action_text)``, the same text the env parsed, so a model trained on them
@@ -20,9 +20,9 @@ import gymnasium as gym
 
 from treegym.agents.base import Message
 from treegym.agents.eval import progress_bar
-from treegym.agents.run import run_episode
+from treegym.agents.rollout.context import TokenContext
+from treegym.agents.rollout.episode import run_episode
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.context import TokenContext
 
 EXPERTS: tuple[str, ...] = ("heuristic", "oracle")
 

@@ -4,38 +4,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Sequence
 
-from treegym.errors import ConfigError, TreegymError
+from treegym.errors import TreegymError
 
 # Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
 COMMAND_MODULES = [
-    "treegym.envs.cli",
-    "treegym.bench_cli",
-    "treegym.retrieval_index.cli",
-    "treegym.retrieval_index.data_cli",
-    "treegym.envs.web.cli",
-    "treegym.trainers.cli",
-    "treegym.trainers.sft_cli",
+    "treegym.envs.cli_play",
+    "treegym.cli_bench",
+    "treegym.retrieval_index.cli_index",
+    "treegym.retrieval_index.cli_data",
+    "treegym.envs.web.cli_web",
+    "treegym.trainers.cli_train",
+    "treegym.trainers.cli_sft",
     "treegym.agents.cli_eval",
     "treegym.agents.cli_serve",
-    "treegym.study.cli",
+    "treegym.study.cli_study",
 ]
-
-
-def json_object_option(text: str | None, flag: str = "--env-kwargs") -> dict:
-    """A command-line option that holds a JSON object (e.g. ``--env-kwargs '{"index": "bm25"}'``)."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{flag} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

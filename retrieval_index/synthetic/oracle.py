@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from treegym.envs.rewards import exact_match
+from treegym.retrieval_index.scoring import exact_match
 from treegym.retrieval_index.synthetic.passages import RELATIONS
 from treegym.retrieval_index.synthetic.questions import TEMPLATES, Template
 from treegym.retrieval_index.types import QAItem, Retriever

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from treegym.errors import ConfigError
 from treegym.retrieval_index.qa import QUESTION_TYPES, SPLITS, load_qa
-from treegym.retrieval_index.synthetic.cli import add_synth
+from treegym.retrieval_index.synthetic.cli_synth import add_synth
 from treegym.retrieval_index.types import QAItem
 
 _DATA_HELP = "'wiki' (the built-in questions) or a Search-R1 .parquet / FlashRAG .jsonl file"
@@ -124,9 +124,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.format == "jsonl":
         write_flashrag_jsonl(items, args.out)
     else:
-        from treegym.envs.react import SEARCH_R1_PROMPT
-
-        write_search_r1_parquet(items, args.out, SEARCH_R1_PROMPT)
+        write_search_r1_parquet(items, args.out)
     print(f"wrote {len(items)} questions ({args.split}) to {args.out}")
     return 0
 

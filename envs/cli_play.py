@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 import gymnasium as gym
 
-from treegym.envs import ENV_IDS, register_envs
+from treegym.envs import ENV_IDS, make
 from treegym.envs.core import ForkableEnv, Snapshot
-from treegym.errors import ConfigError
+from treegym.options import parse_kwargs
 
 HELP = """Type your whole turn and press Enter (write \\n for a line break), e.g.
   <think>who?</think><search>Albert Einstein</search>     (QA envs)
@@ -20,20 +19,6 @@ Commands:  :snap  save a snapshot     :back [N]  restore snapshot N (default: la
            :fork  continue in a fork (the original is kept as a snapshot)
            :state show the env state  :reset  new episode     :quit
 """
-
-
-def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are read as JSON when they parse, else kept as text."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"expected key=value, got {pair!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def play(env: gym.Env, seed: int | None, stdin: TextIO, stdout: TextIO) -> int:
@@ -92,12 +77,7 @@ def play(env: gym.Env, seed: int | None, stdin: TextIO, stdout: TextIO) -> int:
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
-    register_envs()
-    kwargs = parse_kwargs(args.kwargs)
-    try:
-        env = gym.make(args.env_id, **kwargs)
-    except gym.error.Error as exc:
-        raise ConfigError(f"{exc} (treegym envs: {', '.join(ENV_IDS)})") from exc
+    env = make(args.env_id, **parse_kwargs(args.kwargs))
     print(HELP)
     play(env, args.seed, sys.stdin, sys.stdout)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from treegym.cli import json_object_option
+from treegym.options import json_object_option
 
 DESCRIPTION = """\
 Supervised warm start before RL. An untrained small model rarely writes a well-formed

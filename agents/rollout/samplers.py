@@ -26,11 +26,11 @@ from typing import Any, Literal, Union
 import gymnasium as gym
 
 from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.rollout.context import Mode, TokenContext, make_context
+from treegym.agents.rollout.types import Budget, Node, Rollout, RolloutBatch, Tree, Turn
 from treegym.envs.core import ForkableEnv, Snapshot
 from treegym.envs.pool import EnvPool
 from treegym.errors import ConfigError
-from treegym.trainers.context import Mode, TokenContext, make_context
-from treegym.trainers.types import Budget, Node, Rollout, RolloutBatch, Tree, Turn
 
 # A prompt names one task: reset options (e.g. {"task_id": ...}), a seed, or None (random).
 Prompt = Union[dict[str, Any], int, None]

@@ -1,0 +1,16 @@
+"""Rollouts: a policy or a text agent acting in forked envs. No gradients live here, so eval, the
+tree view, SFT and every trainer share it.
+
+- ``types``: ``Tree``/``Node``/``Turn``/``Rollout``, plain dataclasses;
+- ``context``: the token context a policy continues from (chat or plain);
+- ``samplers``: the chain sampler (GRPO) and the tree sampler (Tree-GRPO's m, n, l, k and the
+  expansion rule), which grow trees by forking envs at nodes;
+- ``episode``: ``run_episode``, a text agent driven through the env's own step.
+"""
+
+from treegym.agents.rollout.episode import Episode, run_episode
+from treegym.agents.rollout.samplers import Prompt, sample_chains, sample_trees, to_rollout
+from treegym.agents.rollout.types import Budget, Node, Rollout, RolloutBatch, Tree, Turn
+
+__all__ = ["Budget", "Episode", "Node", "Prompt", "Rollout", "RolloutBatch", "Tree", "Turn",
+           "run_episode", "sample_chains", "sample_trees", "to_rollout"]
