@@ -67,12 +67,9 @@ def scripted_agent(name: str, env_id: str) -> Any:
 
         return HeuristicQAAgent() if name == "heuristic" else OracleQAAgent()
     if env_id.startswith("TextHousehold"):
-        planner = importlib.import_module("treegym.envs.household.planner")
-        attr = {"oracle": "HouseholdOracle", "heuristic": "HouseholdHeuristic"}[name]
-        cls = getattr(planner, attr, None)
-        if cls is None:
-            raise ConfigError(f"TextHousehold has no {name} agent; available: oracle")
-        return cls()
+        from treegym.agents.household import HouseholdHeuristic, HouseholdOracle
+
+        return HouseholdHeuristic() if name == "heuristic" else HouseholdOracle()
     raise ConfigError(f"no scripted {name} agent for {env_id}")
 
 

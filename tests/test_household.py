@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treegym
+from treegym.agents.household import HouseholdOracle
 from treegym.agents.rollout.episode import run_episode
 from treegym.envs.checker import check_fork_contract
 from treegym.envs.household.env import TextHouseholdEnv
-from treegym.envs.household.planner import HouseholdOracle, walkthrough
+from treegym.envs.household.planner import walkthrough
 from treegym.envs.household.tasks import SPLITS, TASK_TYPES, combos, layouts, make_task, task_ids
 from treegym.envs.household.text import extract_command
 from treegym.errors import TreegymError
@@ -245,7 +246,7 @@ def test_oracle_continues_correctly_from_a_fork():
 
 
 def test_heuristic_parses_every_goal_template():
-    from treegym.envs.household.heuristic import parse_goal
+    from treegym.agents.household import parse_goal
 
     for tid in _sample("seen", 2):
         task = make_task(tid)

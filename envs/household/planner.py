@@ -1,4 +1,5 @@
-"""The expert: a full-knowledge planner that solves any generated task, and the oracle agent built on it.
+"""The expert: a full-knowledge planner that solves any generated task (the oracle agent that
+plays it is in ``treegym.agents.household``).
 
 ``next_command`` looks at a state and returns the command that makes progress (fetch the goal
 object, treat it at the appliance, bring it to the target, or to the lit lamp); ``walkthrough``
@@ -7,14 +8,10 @@ chains it from the task's opening state. Every command it returns is admissible 
 
 from __future__ import annotations
 
-from typing import Any
-
-from treegym.envs.household.heuristic import HouseholdHeuristic
-from treegym.envs.household.tasks import APPLIANCE, Task, make_task
-from treegym.envs.household.text import extract_command
+from treegym.envs.household.tasks import APPLIANCE, Task
 from treegym.envs.household.world import MIDDLE, State, World, actions, apply, goal_met
 
-__all__ = ["HouseholdHeuristic", "HouseholdOracle", "next_command", "walkthrough"]
+__all__ = ["next_command", "walkthrough"]
 
 TREATMENT_VERB = {
     "pick_clean_then_place_in_recep": "clean",
@@ -96,28 +93,3 @@ def walkthrough(task: Task, max_len: int = 100) -> list[str]:
         state, _ = apply(world, state, actions(world, state)[cmd])
         out.append(cmd)
     raise RuntimeError(f"the expert did not finish task {task.task_id} in {max_len} commands")
-
-
-class HouseholdOracle:
-    """An agent that plays the expert on the task named in ``info['task_id']``.
-
-    It rebuilds the state from its own past actions in ``messages`` each turn, so one oracle
-    can drive any number of forks of the same episode.
-    """
-
-    def __init__(self) -> None:
-        self._task: Task | None = None
-
-    def begin(self, info: dict[str, Any]) -> None:
-        self._task = make_task(info["task_id"])
-
-    def act(self, messages: list[dict[str, str]]) -> str:
-        if self._task is None:
-            return "look"
-        world, state = self._task.world, self._task.initial
-        for m in messages:
-            if m.get("role") == "assistant":
-                action = actions(world, state).get(extract_command(m.get("content", "")))
-                if action is not None:
-                    state, _ = apply(world, state, action)
-        return next_command(world, state) or "look"

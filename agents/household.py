@@ -1,5 +1,7 @@
-"""A scripted baseline that plays from the text alone: read the task, search the room, act.
+"""The household env's scripted agents: the oracle (the expert planner on the task it is told)
+and a heuristic baseline that plays from the text alone.
 
+The heuristic reads the task, searches the room, acts.
 Unlike the oracle it knows nothing of the world beyond what the chat shows. Each turn it
 rebuilds what it knows (where it is, what it holds, what it has seen where) from the messages,
 so one agent can drive any number of forks. It opens what is closed, takes the first goal
@@ -10,9 +12,12 @@ target receptacle (or to each lamp host until a desk lamp turns on).
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from treegym.envs.household.tasks import TEMPLATES
+from treegym.envs.household.planner import next_command
+from treegym.envs.household.tasks import TEMPLATES, Task, make_task
 from treegym.envs.household.text import extract_command
+from treegym.envs.household.world import actions, apply
 
 TREAT = {"pick_clean_then_place_in_recep": ("clean", "sinkbasin"),
          "pick_heat_then_place_in_recep": ("heat", "microwave"),
@@ -111,3 +116,27 @@ class HouseholdHeuristic:
         todo = [r for r in recs if r not in visited and r.rsplit(" ", 1)[0] != target] or recs
         return f"go to {todo[0]}"
 
+
+class HouseholdOracle:
+    """An agent that plays the expert on the task named in ``info['task_id']``.
+
+    It rebuilds the state from its own past actions in ``messages`` each turn, so one oracle
+    can drive any number of forks of the same episode.
+    """
+
+    def __init__(self) -> None:
+        self._task: Task | None = None
+
+    def begin(self, info: dict[str, Any]) -> None:
+        self._task = make_task(info["task_id"])
+
+    def act(self, messages: list[dict[str, str]]) -> str:
+        if self._task is None:
+            return "look"
+        world, state = self._task.world, self._task.initial
+        for m in messages:
+            if m.get("role") == "assistant":
+                action = actions(world, state).get(extract_command(m.get("content", "")))
+                if action is not None:
+                    state, _ = apply(world, state, action)
+        return next_command(world, state) or "look"
