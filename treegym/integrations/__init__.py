@@ -1,0 +1,1 @@
+"""Adapters to other ecosystems (TRL, OpenEnv), each behind an optional extra."""

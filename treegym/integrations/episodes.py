@@ -1,0 +1,242 @@
+"""Live episodes of one env, by id, for a server: bounded in number, expiring when idle.
+
+Every episode is a fork of one template env (so all of them share its read-only backends);
+fork, snapshot and restore act on episodes by id. Thread-safe: the store's lock guards the
+tables, each episode's lock guards its env. Needs no server package; ``openenv.py`` serves it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import gymnasium as gym
+
+from treegym.envs import ForkableEnv, Snapshot, fork, restore, snapshot
+from treegym.errors import ConfigError, TreegymError
+
+
+class EpisodeNotFoundError(TreegymError, KeyError):
+    """No live episode (or snapshot) has this id: it never existed, was closed, or expired."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0])
+
+
+class SessionLimitError(TreegymError):
+    """The server already holds as many live episodes (or snapshots) as it may."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The last thing an episode showed: the opening prompt after a reset, or a step's result."""
+
+    text: str
+    reward: float | None = None
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+@dataclass
+class Episode:
+    """One live episode: its env and what the store knows about it. Guarded by ``lock``."""
+
+    env: gym.Env
+    last: Observed
+    steps: int = 0
+    task_id: str | None = None
+    parent_id: str | None = None
+    owner: object | None = None  # the session that drives it, if any; it dies with that session
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class SavedSnapshot:
+    """A treegym snapshot plus the episode bookkeeping that goes with it."""
+
+    snap: Snapshot
+    last: Observed
+    steps: int
+    task_id: str | None
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (numpy scalars -> numbers, tuples -> lists, NaN -> None, others -> str)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if callable(getattr(value, "item", None)):  # a numpy scalar
+        try:
+            return jsonable(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+class EpisodeStore:
+    """Episodes and snapshots of ``template``'s env, by id.
+
+    At most ``max_episodes`` episodes and ``max_snapshots`` snapshots are live; past that,
+    creating one raises ``SessionLimitError``. One unused for ``idle_timeout_s`` is dropped.
+    """
+
+    def __init__(self, template: gym.Env, env_id: str, *, max_episodes: int = 64,
+                 max_snapshots: int = 1024, idle_timeout_s: float = 600.0) -> None:
+        if not isinstance(template.unwrapped, ForkableEnv):
+            raise ConfigError(f"{env_id} is not a treegym env: it cannot be forked or snapshotted")
+        if max_episodes < 1 or max_snapshots < 1 or not idle_timeout_s > 0:
+            raise ConfigError("max_episodes and max_snapshots must be at least 1, idle_timeout_s above 0")
+        self.template, self.env_id = template, env_id
+        self.max_episodes, self.max_snapshots, self.idle_timeout_s = max_episodes, max_snapshots, idle_timeout_s
+        self._episodes: dict[str, Episode] = {}
+        self._snapshots: dict[str, tuple[SavedSnapshot, float]] = {}
+        self._lock = threading.Lock()
+
+    # -- the tables (callers hold self._lock) -------------------------------------------------
+
+    def _sweep(self) -> None:
+        cutoff = time.monotonic() - self.idle_timeout_s
+        for eid in [e for e, ep in self._episodes.items() if ep.last_used < cutoff and not ep.lock.locked()]:
+            del self._episodes[eid]
+        for sid in [s for s, (_, used) in self._snapshots.items() if used < cutoff]:
+            del self._snapshots[sid]
+
+    def _new_id(self, episode_id: str | None) -> str:
+        self._sweep()
+        if len(self._episodes) >= self.max_episodes:
+            raise SessionLimitError(
+                f"the server holds {len(self._episodes)} live episodes, its limit (--max-episodes): "
+                f"close a session, or wait for idle episodes to expire (after {self.idle_timeout_s:g} s)")
+        eid = uuid.uuid4().hex if episode_id is None else str(episode_id)
+        if eid in self._episodes:
+            raise ConfigError(f"episode id {eid!r} is already in use: pick another, or attach to it")
+        return eid
+
+    def _get(self, episode_id: str) -> Episode:
+        self._sweep()
+        ep = self._episodes.get(episode_id)
+        if ep is None:
+            raise EpisodeNotFoundError(
+                f"no live episode {episode_id!r}: it was closed, or idle for more than "
+                f"{self.idle_timeout_s:g} s; call reset()")
+        ep.last_used = time.monotonic()
+        return ep
+
+    # -- episodes -------------------------------------------------------------------------------
+
+    def create(self, owner: object, *, seed: int | None = None, task_id: str | None = None,
+               episode_id: str | None = None) -> str:
+        """A new episode, reset with ``seed`` (and ``task_id`` if given), driven by ``owner``."""
+        with self._lock:
+            eid = self._new_id(episode_id)
+            ep = self._episodes[eid] = Episode(fork(self.template), Observed(""), owner=owner)
+        try:
+            with ep.lock:
+                text, info = ep.env.reset(seed=seed, options=None if task_id is None else {"task_id": task_id})
+                ep.last = Observed(str(text), info=jsonable(info))
+                ep.task_id = task_id if task_id is not None else _task_of(info)
+        except BaseException:
+            self.drop(eid)
+            raise
+        return eid
+
+    def get(self, episode_id: str) -> Episode:
+        with self._lock:
+            return self._get(episode_id)
+
+    def attach(self, episode_id: str, owner: object) -> Episode:
+        """Let ``owner`` drive ``episode_id``: a fork nobody drives yet, or one it drives already."""
+        with self._lock:
+            ep = self._get(episode_id)
+            if ep.owner is not None and ep.owner is not owner:
+                raise ConfigError(f"episode {episode_id!r} is driven by another session: fork it to branch")
+            ep.owner = owner
+            return ep
+
+    def release(self, episode_id: str, owner: object) -> None:
+        """Drop ``episode_id`` if ``owner`` drives it (its session reset or closed)."""
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+            if ep is not None and ep.owner is owner:
+                del self._episodes[episode_id]
+
+    def drop(self, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def step(self, episode_id: str, action: str) -> Observed:
+        ep = self.get(episode_id)
+        with ep.lock:
+            obs, reward, terminated, truncated, info = ep.env.step(action)
+            ep.steps += 1
+            ep.last = Observed(str(obs), float(reward), bool(terminated), bool(truncated), jsonable(info))
+            ep.last_used = time.monotonic()
+            return ep.last
+
+    def fork(self, episode_id: str) -> str:
+        """A new episode, driven by nobody, in the state of ``episode_id``; returns its id."""
+        parent = self.get(episode_id)
+        with self._lock:
+            eid = self._new_id(None)
+            with parent.lock:
+                self._episodes[eid] = replace(parent, env=fork(parent.env), parent_id=episode_id, owner=None,
+                                              last_used=time.monotonic(), lock=threading.Lock())
+        return eid
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self, episode_id: str) -> str:
+        """Save ``episode_id``'s state; returns the snapshot's id."""
+        ep = self.get(episode_id)
+        with ep.lock:
+            saved = SavedSnapshot(snapshot(ep.env), ep.last, ep.steps, ep.task_id)
+        with self._lock:
+            self._sweep()
+            if len(self._snapshots) >= self.max_snapshots:
+                raise SessionLimitError(
+                    f"the server holds {len(self._snapshots)} snapshots, its limit (--max-snapshots): "
+                    f"wait for unused ones to expire (after {self.idle_timeout_s:g} s)")
+            sid = uuid.uuid4().hex
+            self._snapshots[sid] = (saved, time.monotonic())
+        return sid
+
+    def restore(self, episode_id: str, snapshot_id: str) -> Observed:
+        """Put ``episode_id`` into the state saved as ``snapshot_id`` (taken from any episode here)."""
+        with self._lock:
+            self._sweep()
+            if snapshot_id not in self._snapshots:
+                raise EpisodeNotFoundError(f"no snapshot {snapshot_id!r}: it never existed, or was unused "
+                                           f"for more than {self.idle_timeout_s:g} s")
+            saved, _ = self._snapshots[snapshot_id]
+            self._snapshots[snapshot_id] = (saved, time.monotonic())
+            ep = self._get(episode_id)
+        with ep.lock:
+            restore(ep.env, saved.snap)
+            ep.last, ep.steps, ep.task_id = saved.last, saved.steps, saved.task_id
+            return ep.last
+
+    def counts(self) -> tuple[int, int]:
+        """(live episodes, live snapshots)."""
+        with self._lock:
+            self._sweep()
+            return len(self._episodes), len(self._snapshots)
+
+
+def _task_of(info: dict[str, Any]) -> str | None:
+    task = info.get("task_id")
+    return None if task is None else str(task)
