@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "treegym.agents.cli_eval",
     "treegym.agents.cli_serve",
     "treegym.study.cli_study",
+    "treegym.integrations.cli_serve_env",
 ]
 
 

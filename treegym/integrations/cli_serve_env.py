@@ -1,0 +1,51 @@
+"""``treegym serve-env``: serve a treegym env over OpenEnv's protocol (needs ``treegym[openenv]``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from treegym.errors import ConfigError
+from treegym.options import json_object_option
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve-env",
+        help="serve an env over OpenEnv's HTTP/WebSocket protocol, with fork/snapshot/restore",
+        description=(
+            "Serve a treegym env with openenv-core's server: WebSocket /ws (reset, step, state), "
+            "HTTP POST /reset, POST /step, GET /state, /schema, /health; plus POST /fork, "
+            "POST /snapshot, POST /restore, GET /tasks and GET /episodes. A fork is a new episode "
+            "id in its parent's state; a session drives it with reset(attach=ID). "
+            "Needs `pip install 'treegym[openenv]'`."
+        ),
+    )
+    parser.add_argument("env_id", metavar="ID", help="env id (e.g. TextHousehold-v0, TreeSearchQA-v0) or module:Class")
+    parser.add_argument("--env-kwargs", default=None, help='JSON object of gym.make kwargs, e.g. \'{"index": "bm25"}\'')
+    parser.add_argument("--split", default=None, help="the env's task split (default: its own default)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8002, help="port to bind; 0 picks a free one (default: 8002)")
+    parser.add_argument("--max-episodes", type=int, default=64,
+                        help="live episodes (sessions and forks) at most; past it, a clear error (default: 64)")
+    parser.add_argument("--max-snapshots", type=int, default=1024, help="live snapshots at most (default: 1024)")
+    parser.add_argument("--idle-timeout", type=float, default=600.0,
+                        help="seconds after which an unused episode, session or snapshot expires (default: 600)")
+    parser.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
+    kwargs = json_object_option(args.env_kwargs)
+    from treegym.integrations.openenv import exposure_warning, serve
+
+    warning = exposure_warning(args.host)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    server = serve(args.env_id, kwargs, split=args.split, host=args.host, port=args.port, max_episodes=args.max_episodes,
+                   max_snapshots=args.max_snapshots, idle_timeout_s=args.idle_timeout)
+    print(f"serving {args.env_id} over OpenEnv at {server.url} (WebSocket {server.url}/ws; Ctrl-C to stop)",
+          file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
