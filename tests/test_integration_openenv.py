@@ -11,12 +11,15 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
+import requests
 
-import treegym
 from treegym.cli import main
+from treegym.envs import fork
 
 openenv = pytest.importorskip("openenv", reason="needs pip install 'treegym[openenv]'")
 
@@ -50,14 +53,12 @@ def server(server_factory):
 
 def local_moves(env_id: str = ENV):
     """A right and a wrong move for turn 2 after move 'A', found on a local env by forking."""
-    import gymnasium as gym
-
     env = gym.make(env_id)
     env.reset(seed=0)
     env.step("A")
     rewards = {}
     for move in ("A", "B", "C", "D"):
-        branch = treegym.fork(env)
+        branch = fork(env)
         rewards[move] = branch.step(move)
     right = next(m for m, r in rewards.items() if r[1] > 0)
     wrong = next(m for m, r in rewards.items() if r[1] == 0)
@@ -99,6 +100,24 @@ def test_fork_is_a_new_episode_in_the_parents_state_and_independent(server):
         assert (again.observation.text, again.reward) == (wrong_obs, wrong_reward)
 
 
+def test_concurrent_sessions_never_mix_their_episodes(server):
+    plays = ["AAAA", "BBBB", "ABCD", "DCBA"]
+
+    def served(moves: str) -> list[tuple[str, float]]:
+        with TreegymEnvClient(server.url).sync() as env:
+            env.reset(seed=0)
+            return [(r.observation.text, r.reward) for r in (env.step(m) for m in moves)]
+
+    def local(moves: str) -> list[tuple[str, float]]:
+        env = gym.make(ENV)
+        env.reset(seed=0)
+        return [tuple(env.step(m)[:2]) for m in moves]
+
+    with ThreadPoolExecutor(len(plays)) as pool:
+        results = list(pool.map(served, plays))
+    assert results == [local(m) for m in plays]
+
+
 def test_observations_are_typed_with_text_reward_done_and_info(server):
     with TreegymEnvClient(server.url).sync() as env:
         result = env.reset(seed=0, episode_id="mine")
@@ -117,8 +136,6 @@ def test_observations_are_typed_with_text_reward_done_and_info(server):
 
 
 def test_http_routes_speak_openenv_and_errors_are_json(server):
-    import requests
-
     reset = requests.post(f"{server.url}/reset", json={"seed": 0}, timeout=10).json()
     assert reset["observation"]["text"] and reset["done"] is False
     schema = requests.get(f"{server.url}/schema", timeout=10).json()
@@ -131,8 +148,6 @@ def test_http_routes_speak_openenv_and_errors_are_json(server):
 
 
 def test_reset_pins_a_task_listed_by_tasks(server_factory):
-    import requests
-
     server = server_factory("TextHousehold-v0")
     task_ids = requests.get(f"{server.url}/tasks", timeout=10).json()["task_ids"]
     assert len(task_ids) > 1
@@ -143,8 +158,6 @@ def test_reset_pins_a_task_listed_by_tasks(server_factory):
 
 
 def test_live_episodes_are_bounded_with_a_clear_error(server_factory):
-    import requests
-
     server = server_factory(max_episodes=2)
     with TreegymEnvClient(server.url).sync() as env, TreegymEnvClient(server.url).sync() as other:
         env.reset(seed=0)
@@ -161,8 +174,6 @@ def test_live_episodes_are_bounded_with_a_clear_error(server_factory):
 
 
 def test_idle_episodes_and_snapshots_expire(server_factory):
-    import requests
-
     server = server_factory(idle_timeout_s=0.5)
     with TreegymEnvClient(server.url).sync() as env:
         env.reset(seed=0)

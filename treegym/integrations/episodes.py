@@ -191,11 +191,12 @@ class EpisodeStore:
     def fork(self, episode_id: str) -> str:
         """A new episode, driven by nobody, in the state of ``episode_id``; returns its id."""
         parent = self.get(episode_id)
+        with parent.lock:  # not under the store's lock: the parent may be in the middle of a slow step
+            child = replace(parent, env=fork(parent.env), parent_id=episode_id, owner=None,
+                            last_used=time.monotonic(), lock=threading.Lock())
         with self._lock:
             eid = self._new_id(None)
-            with parent.lock:
-                self._episodes[eid] = replace(parent, env=fork(parent.env), parent_id=episode_id, owner=None,
-                                              last_used=time.monotonic(), lock=threading.Lock())
+            self._episodes[eid] = child
         return eid
 
     # -- snapshots -----------------------------------------------------------------------------
