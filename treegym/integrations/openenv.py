@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from treegym.envs import make
 from treegym.errors import ConfigError, MissingPackageError, TreegymError
@@ -316,7 +317,7 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
         return episode_id
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        loopback = any(h in self.http_url for h in LOOPBACK)
+        loopback = urlsplit(self.http_url).hostname in LOOPBACK  # no proxy between us and a local server
         async with httpx.AsyncClient(base_url=self.http_url, trust_env=not loopback, timeout=60.0) as http:
             response = await http.post(path, json=body)
         if response.status_code != 200:
