@@ -29,8 +29,9 @@ from treegym.agents.base import Message
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.resolve import ResolvedAgent, resolve_agent
 from treegym.agents.rollout.episode import Episode, run_episode
-from treegym.agents.rollout.samplers import Prompt, sample_chains, sample_trees
-from treegym.agents.rollout.types import Tree
+from treegym.agents.rollout.samplers import sample_chains, sample_trees
+from treegym.agents.rollout.types import Prompt, Tree, reset_args
+from treegym.envs.core import success
 from treegym.errors import ConfigError
 
 Z95 = 1.959963984540054
@@ -119,21 +120,13 @@ def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int
 
 
 def score_episode(ep: Episode) -> EpisodeScore:
-    """EM / F1 from the env's final info (0 when it never answered); success from
-    ``info["success"]`` or ``info["won"]`` when the env reports it, else EM, else reward > 0."""
+    """The contract's terminal keys: ``success`` for every env, ``em`` / ``f1`` for QA envs (0
+    when the episode ended without them, e.g. cut by the turn cap)."""
     info = ep.info
     em = float(info.get("em", 0.0))
     f1 = float(info.get("f1", em))
-    if "success" in info:
-        success = float(bool(info["success"]))
-    elif "won" in info:
-        success = float(bool(info["won"]))
-    elif "em" in info or "answers" in info:
-        success = em
-    else:
-        success = float(ep.reward > 0)
-    answered = "em" in info or "answers" in info
-    return EpisodeScore(ep.episode_id, em, f1, success, ep.reward, ep.turns, ep.tool_calls, ep.error, answered)
+    return EpisodeScore(ep.episode_id, em, f1, success(info), ep.reward, ep.turns, ep.tool_calls, ep.error,
+                        "answers" in info)
 
 
 def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[str, str] | None = None) -> EvalReport:
@@ -229,7 +222,7 @@ def evaluate(
         else:
             episodes = []
             for i, prompt in enumerate(prompts):
-                seed_i, options = _split_prompt(prompt)
+                seed_i, options = reset_args(prompt)
                 episodes.append(run_episode(env, resolved.obj, seed=seed_i, options=options,
                                             max_turns=max_turns, episode_id=_episode_id(i, prompt)))
                 if bar is not None:
@@ -296,13 +289,6 @@ def _episode_of_tree(tree: Tree, episode_id: str) -> Episode:
     assert last is not None
     return Episode(episode_id, messages, float(tree.nodes[leaf].reward or 0.0), len(path), tool_calls,
                    dict(last.info), None, last.terminated, last.truncated)
-
-
-def _split_prompt(prompt: Prompt) -> tuple[int | None, dict[str, Any] | None]:
-    if isinstance(prompt, dict):
-        options = dict(prompt)
-        return options.pop("seed", None), options
-    return prompt, None
 
 
 def write_traces(path: Path, episodes: Sequence[Episode]) -> Path:

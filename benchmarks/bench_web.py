@@ -82,10 +82,10 @@ def bench_concurrency(url: str, n: int, http: HttpConfig, tmp: str) -> None:
     def run_pool() -> float:
         for env, s in zip(envs, start):
             env.restore(s)
-        pool = EnvPool(envs)
+        pool = EnvPool()
         t0 = time.perf_counter()
-        out = pool.step(search)
-        pool.step([f"<browse>{first_url(out[i][0])}</browse>" for i in range(n)])
+        out = pool.step(envs, search)
+        pool.step(envs, [f"<browse>{first_url(out[i][0])}</browse>" for i in range(n)])
         return time.perf_counter() - t0
 
     run_pool()  # warm: connections open, code paths loaded
@@ -163,11 +163,11 @@ def bench_tree_cache(url: str, prompts: int, http: HttpConfig, tmp: str, m: int 
                     branches.append([node_env.fork(), question, turn, last, False])
             while any(not b[4] for b in branches):
                 live = [b for b in branches if not b[4]]
-                pool = EnvPool([b[0] for b in live])
+                pool = EnvPool()
                 actions = [ScriptedAgent(rng).act(b[1], b[2], b[3]) for b in live]
                 for a in actions:
                     record(count, a)
-                out = pool.step(actions)
+                out = pool.step([b[0] for b in live], actions)
                 for i, b in enumerate(live):
                     obs, _, term, trunc, _ = out[i]
                     b[2], b[3], b[4] = b[2] + 1, obs, term or trunc

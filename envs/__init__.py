@@ -5,49 +5,78 @@ from __future__ import annotations
 import copy
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
-from treegym.envs.core import ForkableEnv, Snapshot, Tool, ToolCall, ToolError, UnicodeText
+from treegym.envs.core import (
+    ForkableEnv,
+    NotForkableError,
+    Plan,
+    Snapshot,
+    Tool,
+    ToolCall,
+    ToolError,
+    UnicodeText,
+    base_env,
+)
 from treegym.envs.pool import EnvPool
 from treegym.envs.registry import ENV_IDS, VARIANTS, make, register_envs, training_id
-
-
-def _base(env: gym.Env) -> ForkableEnv:
-    base = env.unwrapped
-    if not isinstance(base, ForkableEnv):
-        raise TypeError(f"{type(base).__name__} is not a treegym env: it cannot be forked or snapshotted")
-    return base
 
 
 def fork(env: gym.Env) -> gym.Env:
     """An independent copy of ``env`` in the same state, wrappers included.
 
-    The wrapped env forks in O(state) (see ``ForkableEnv.fork``); each wrapper is copied
-    around it, so per-wrapper bookkeeping (e.g. OrderEnforcing's has-reset flag) carries over.
+    The treegym env at the bottom forks in O(state) (``ForkableEnv.fork``). Each wrapper above it
+    is copied shallowly around the fork, and only its own mutable attributes (a counter dict, a
+    history list) are deep-copied, so per-wrapper bookkeeping (OrderEnforcing's has-reset flag,
+    a user wrapper's episode log) carries over without copying spaces or specs.
+    ``copy.deepcopy(env)`` gives the same result, at several times the cost.
     """
-    _base(env)
-    return copy.deepcopy(env)
+    chain = []
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        chain.append(inner)
+        inner = inner.env
+    new = base_env(inner).fork()
+    for wrapper in reversed(chain):
+        new = _copy_wrapper(wrapper, new)
+    return new
+
+
+_SHARED = (int, float, bool, str, bytes, type(None), frozenset, gym.Space, EnvSpec)
+
+
+def _copy_wrapper(wrapper: gym.Wrapper, inner: gym.Env) -> gym.Wrapper:
+    new = copy.copy(wrapper)
+    for key, value in wrapper.__dict__.items():
+        if key != "env" and not isinstance(value, _SHARED):
+            new.__dict__[key] = copy.deepcopy(value)
+    new.env = inner
+    return new
 
 
 def snapshot(env: gym.Env) -> Snapshot:
     """``env.unwrapped.snapshot()``, for an env made by ``gym.make``."""
-    return _base(env).snapshot()
+    return base_env(env).snapshot()
 
 
 def restore(env: gym.Env, snap: Snapshot) -> None:
     """``env.unwrapped.restore(snap)``, for an env made by ``gym.make``."""
-    _base(env).restore(snap)
+    base_env(env).restore(snap)
 
 
 __all__ = [
     "ENV_IDS",
     "EnvPool",
     "ForkableEnv",
+    "NotForkableError",
+    "Plan",
     "Snapshot",
     "Tool",
     "ToolCall",
     "ToolError",
     "UnicodeText",
     "VARIANTS",
+    "base_env",
     "fork",
     "make",
     "register_envs",

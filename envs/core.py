@@ -12,10 +12,13 @@ makes the two operations this project exists for cheap:
 
 A step is two phases, so that a pool of envs can batch tool calls across envs:
 
-1. ``plan(action) -> list[ToolCall]``: parse the action and say which tool calls it needs.
-2. ``resolve(results) -> (obs, reward, terminated, truncated, info)``: apply their results.
+1. ``plan(action) -> Plan``: parse the action and say which tool calls it needs. A ``Plan`` is a
+   frozen value; the env's state is untouched and nothing is kept on the env.
+2. ``resolve(plan, results) -> (obs, reward, terminated, truncated, info)``: apply the results.
 
-``step(action)`` runs both, executing the calls on the env's own tools in between.
+``step(action)`` runs both, executing the calls on the env's own tools in between. Since no
+scratch state lives on the env between the phases, a fork or snapshot at any moment is
+harmless; ``resolve`` refuses a plan made in another state (e.g. after a step in between).
 
 An episode ends when a step returns ``terminated`` or ``truncated``. Every env then refuses
 the next step the same way, from ``plan``: ``TreegymError("step() after the episode ended:
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import gymnasium as gym
@@ -104,10 +107,20 @@ class Snapshot(Generic[StateT]):
     state: StateT
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Phase one of a step, as a value: the tool calls an action needs and what the env made of
+    the action (for its ``resolve``). ``state`` is the state it was planned in."""
+
+    calls: tuple[ToolCall, ...] = ()
+    parsed: Any = None
+    state: Any = field(default=None, compare=False, repr=False)
+
+
 class ForkableEnv(gym.Env[str, str], Generic[StateT]):
     """Base class of every treegym environment.
 
-    Subclasses implement ``_reset_state``, ``plan``, ``resolve`` and ``_describe_tools``;
+    Subclasses implement ``_reset_state``, ``plan`` and ``resolve``;
     they keep all episode state in ``self.state`` (an immutable value, typically a frozen
     dataclass of tuples and scalars) and never mutate it in place.
 
@@ -130,8 +143,6 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         self.action_space = UnicodeText(max_action_chars)
         self.tools = {}
         self.state = None
-        self._pending: tuple[ToolCall, ...] | None = None
-        self._parsed: Any = None
         self._rng_state: dict[str, Any] | None = None
 
     # ---- subclass hooks -------------------------------------------------------------------
@@ -140,16 +151,16 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         """Draw a task with ``self.np_random`` and return (state, opening prompt, info)."""
         raise NotImplementedError
 
-    def plan(self, action: str) -> list[ToolCall]:
-        """Phase one of a step: parse ``action`` and return the tool calls it needs.
+    def plan(self, action: str) -> Plan:
+        """Phase one of a step: parse ``action`` into a ``Plan`` (see ``make_plan``).
 
-        Must not change ``self.state``; may remember the parsed action for ``resolve``
-        by returning it through ``self._remember(...)``.
+        Must not change ``self.state`` or keep anything on the env.
         """
         raise NotImplementedError
 
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        """Phase two of a step: apply the results of the planned calls, advance the state."""
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        """Phase two of a step: apply the results of ``plan.calls`` (in order), advance the state.
+        Implementations start with ``self.check_plan(plan)``."""
         raise NotImplementedError
 
     # ---- gymnasium API --------------------------------------------------------------------
@@ -159,12 +170,11 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
             self._rng_state = None
         super().reset(seed=seed)
         self.state, obs, info = self._reset_state(dict(options or {}))
-        self._pending = None
         return obs, info
 
     def step(self, action: str) -> StepResult:
-        calls = self.plan(action)
-        return self.resolve(execute_calls(self.tools, calls))
+        plan = self.plan(action)
+        return self.resolve(plan, execute_calls(self.tools, plan.calls))
 
     def render(self) -> str:
         return repr(self.state)
@@ -178,8 +188,6 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
 
     def snapshot(self) -> Snapshot[StateT]:
         """The current state, wrapped. O(1): the state value is immutable and shared."""
-        if self._pending is not None:
-            raise RuntimeError("snapshot() between plan() and resolve(): finish the step first")
         return Snapshot(type(self).__qualname__, self.state)
 
     def restore(self, snapshot: Snapshot[StateT]) -> None:
@@ -193,12 +201,9 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
             raise TypeError(f"snapshot state must be a {want.__name__} (or None), got {type(snapshot.state).__name__}: "
                             "restore only what snapshot() returned")
         self.state = snapshot.state
-        self._pending = None
 
     def fork(self) -> ForkableEnv[StateT]:
         """A new env in the same state, sharing backends and nothing mutable."""
-        if self._pending is not None:
-            raise RuntimeError("fork() between plan() and resolve(): finish the step first")
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         # The RNG is the one mutable object gymnasium keeps on the env. The fork gets the
@@ -228,18 +233,50 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
 
     # ---- helpers for subclasses -----------------------------------------------------------
 
-    def _remember(self, calls: Sequence[ToolCall], parsed: Any = None) -> list[ToolCall]:
-        """Record what ``plan`` decided, for ``resolve`` to pick up."""
-        self._pending = tuple(calls)
-        self._parsed = parsed
-        return list(calls)
+    def make_plan(self, calls: Sequence[ToolCall] = (), parsed: Any = None) -> Plan:
+        """The ``Plan`` of an action in the current state."""
+        return Plan(tuple(calls), parsed, self.state)
 
-    def _take_pending(self) -> tuple[tuple[ToolCall, ...], Any]:
-        if self._pending is None:
-            raise RuntimeError("resolve() without a plan(): call step(), or plan() first")
-        calls, parsed = self._pending, self._parsed
-        self._pending, self._parsed = None, None
-        return calls, parsed
+    def check_plan(self, plan: Plan) -> None:
+        """Refuse a plan that is not one of this env's, or was made in another state."""
+        if not isinstance(plan, Plan):
+            raise TypeError(f"resolve() takes the Plan that plan() returned, got {type(plan).__name__}")
+        if plan.state is not self.state:
+            raise TreegymError("resolve() with a plan made in another state: plan() again after a step, reset or restore")
+
+
+def success(info: dict[str, Any]) -> float:
+    """An episode's success, read from its last info: the contract's ``success`` key (1.0 or
+    0.0) on the terminal step; 0.0 for an episode that a caller cut before the env ended it."""
+    return float(info.get("success", 0.0))
+
+
+class NotForkableError(TreegymError, TypeError):
+    """An env that is not a treegym env where forking needs one."""
+
+
+# Wrappers that only check or order calls: stepping the env under them through its two phases
+# changes nothing, so a sampler may batch such envs.
+BOOKKEEPING_WRAPPERS = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
+
+
+def base_env(env: gym.Env, *, bare: bool = False) -> ForkableEnv:
+    """The treegym env under ``env``'s wrappers, or a ``NotForkableError``.
+
+    With ``bare=True``, only bookkeeping wrappers may sit on top: a sampler steps envs through
+    ``plan``/``resolve``, which a wrapper that changes actions, observations or rewards cannot
+    see, so such a wrapper is refused rather than silently dropped.
+    """
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if bare and not isinstance(inner, BOOKKEEPING_WRAPPERS):
+            raise NotForkableError(
+                f"{type(inner).__name__} wraps the env: sampling steps envs through plan/resolve, which it "
+                "cannot see. Pass the env without that wrapper (gym.make's own wrappers are fine)")
+        inner = inner.env
+    if not isinstance(inner, ForkableEnv):
+        raise NotForkableError(f"{type(inner).__name__} is not a treegym env (ForkableEnv): it cannot be forked or snapshotted")
+    return inner
 
 
 def state_type(cls: type) -> type | None:
@@ -263,6 +300,33 @@ def require_running(state: Any, ended: bool) -> None:
 
 def execute_calls(tools: dict[str, Tool], calls: Sequence[ToolCall]) -> list[Any]:
     """Run one env's ``calls`` against its ``tools``, one ``call_batch`` per tool."""
-    from treegym.envs.pool import run_grouped
+    return run_grouped([(tools, calls)])[0][0]
 
-    return run_grouped([(tools, calls)])[0]
+
+def run_grouped(requests: Sequence[tuple[dict[str, Tool], Sequence[ToolCall]]]) -> tuple[list[list[Any]], list[tuple[str, int]]]:
+    """Execute each (tools, calls) request, batching calls that go to the same tool: the results
+    per request, and the batches issued as (tool name, calls in it)."""
+    groups: dict[object, tuple[str, Tool, list[tuple[int, int]]]] = {}
+    for r, (tools, calls) in enumerate(requests):
+        for c, call in enumerate(calls):
+            if call.tool not in tools:
+                raise KeyError(f"env has no tool {call.tool!r} (has {sorted(tools)})")
+            tool = tools[call.tool]
+            groups.setdefault(batch_key(tool), (call.tool, tool, []))[2].append((r, c))
+    results: list[list[Any]] = [[None] * len(calls) for _, calls in requests]
+    batches = []
+    for name, tool, slots in groups.values():
+        out = tool.call_batch([requests[r][1][c].payload for r, c in slots])
+        if len(out) != len(slots):
+            raise RuntimeError(f"tool {name!r} returned {len(out)} results for {len(slots)} calls")
+        for (r, c), value in zip(slots, out):
+            results[r][c] = value
+        batches.append((name, len(slots)))
+    return results, batches
+
+
+def batch_key(tool: Tool) -> object:
+    """Tools with equal keys serve each other's calls: envs built separately over one index
+    have separate tool objects but should still share one batched search."""
+    key = getattr(tool, "batch_key", None)
+    return ("key", key) if key is not None else ("id", id(tool))

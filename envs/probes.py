@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall, require_running
+from treegym.envs.core import ForkableEnv, Plan, StepResult, ToolCall, require_running
 from treegym.errors import ConfigError
 
 TURN_MARKS = tuple(str(i) for i in range(1, 17))  # Lock's observation: the number of the next turn
@@ -116,22 +116,21 @@ class ProbeEnv(ForkableEnv[ProbeState]):
             raise ConfigError(f"{type(self).__name__}.reset: unknown options {sorted(unknown)}")
         return ProbeState(keys=self.draw_keys()), PROMPT, {"horizon": self.horizon, "choices": self.choices}
 
-    def plan(self, action: str) -> list[ToolCall]:
+    def plan(self, action: str) -> Plan:
         s = self.state
         require_running(s, s is not None and s.done)
         assert s is not None
         words = str(action).split()
         move = words[0] if words else ""
         calls = [ToolCall("lookup", s.keys[-1])] if self._calls_lookup(s, move) else []
-        return self._remember(calls, parsed=move)
+        return self.make_plan(calls, move)
 
     def _calls_lookup(self, state: ProbeState, move: str) -> bool:
         return False
 
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        _, move = self._take_pending()
-        s = self.state
-        assert s is not None
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        self.check_plan(plan)
+        move, s = plan.parsed, self.state
         legal = move in self.legal_moves(s)
         hit = legal and self.right(s, move)
         looked = s.looked or bool(results)

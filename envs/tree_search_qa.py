@@ -6,16 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall, ToolError
-from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
-from treegym.envs.react import INVALID_ACTION_MESSAGE, format_information, parse_action
+from treegym.envs.core import ToolCall, ToolError
+from treegym.envs.qa_env import QAEnv, QAState, shared
+from treegym.envs.react import INVALID_ACTION_MESSAGE, ParsedAction, format_information
 from treegym.errors import ConfigError
-from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
 from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 from treegym.retrieval_index.types import Hit, QAItem, Retriever
 
 
-class SearchTool:
+class RetrievalTool:
     """The ``search`` tool: one batched retriever call for every pending query."""
 
     def __init__(self, retriever: Retriever, k: int) -> None:
@@ -31,20 +30,13 @@ class SearchTool:
 
 
 @dataclass(frozen=True)
-class QAState:
-    """Everything that changes during an episode. Immutable: a step builds a new one."""
+class RetrievalState(QAState):
+    """A QA episode plus the passages retrieved so far. Immutable: a step builds a new one."""
 
-    item: QAItem
-    turn: int = 0
-    done: bool = False
     retrieved_ids: tuple[str, ...] = ()
-    invalid_actions: int = 0
-    format_valid: bool = True
-    answer: str | None = None
-    tool_calls: int = 0
 
 
-class TreeSearchQAEnv(ForkableEnv[QAState]):
+class TreeSearchQAEnv(QAEnv[RetrievalState]):
     """Answer a question by searching a local Wikipedia index (Search-R1's ReAct protocol).
 
     ## Observation
@@ -83,8 +75,10 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
     render_mode: None or ``"ansi"`` (``render()`` returns a one-line summary of the episode).
     """
 
-    splits = (*QA_SPLITS, "all")  # the env owns its tasks: trainers, eval and SFT ask it
-    eval_split = "dev"
+    state_class = RetrievalState
+    prompt = SEARCH_R1_PROMPT
+    tags = ("search", "answer")
+    invalid_message = INVALID_ACTION_MESSAGE
 
     def __init__(
         self,
@@ -108,15 +102,11 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
         seed: int | None = None,
         render_mode: str | None = None,
     ) -> None:
-        super().__init__(render_mode=render_mode)
-        if reward not in ("em", "f1"):
-            raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
+        super().__init__(max_turns=max_turns, reward=reward, format_score=format_score,
+                         max_action_chars=max_action_chars, render_mode=render_mode)
         if not 1 <= topk <= 50:
             raise ConfigError(f"topk must be between 1 and 50, got {topk}")
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
-        self.topk, self.max_turns, self.reward_kind = topk, max_turns, reward
-        self.format_score, self.max_action_chars = format_score, max_action_chars
+        self.topk = topk
         self.config = {"corpus": corpus, "index": index, "split": split, "corpus_limit": corpus_limit}
 
         corpus_path: str = corpus
@@ -133,7 +123,7 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
             key = ("retriever", corpus_path, index, embedder, retriever_url, corpus_limit)
             retriever = shared(key, lambda: open_retriever(corpus=corpus_path, index=index, embedder=embedder, url=retriever_url, limit=corpus_limit))
         self.retriever = retriever
-        self.tools = {"search": SearchTool(retriever, topk)}
+        self.tools = {"search": RetrievalTool(retriever, topk)}
 
         if items is None:
             from treegym.retrieval_index.qa import load_qa
@@ -150,71 +140,19 @@ class TreeSearchQAEnv(ForkableEnv[QAState]):
             titles = {d.id: d.title for d in docs}
             if corpus_limit is not None:
                 items = [it for it in items if it.supporting_ids and set(it.supporting_ids) <= titles.keys()]
-        if not items:
-            raise ConfigError(
-                f"no questions left for split={split!r}, question_types={question_types}, hops={hops}, "
-                f"corpus_limit={corpus_limit}: widen the selection"
-            )
-        self.items: tuple[QAItem, ...] = tuple(items)
-        self._by_id = {it.id: it for it in self.items}
+        self.set_items(items, f"no questions left for split={split!r}, question_types={question_types}, hops={hops}, "
+                              f"corpus_limit={corpus_limit}: widen the selection")
         self._titles = {i: titles[i] for it in self.items for i in it.supporting_ids if i in titles}
 
-    # ---- episode ------------------------------------------------------------------------------
+    # ---- the QAEnv hooks ------------------------------------------------------------------
 
-    def task_ids(self) -> list[str]:
-        return [it.id for it in self.items]
+    def tool_calls(self, parsed: ParsedAction) -> tuple[list[ToolCall], Any]:
+        return [ToolCall("search", parsed.argument)], None
 
-    def _reset_state(self, options: dict[str, Any]) -> tuple[QAState, str, dict[str, Any]]:
-        item = pick_item(self.items, self._by_id, options, self.np_random)
-        state = QAState(item=item)
-        return state, SEARCH_R1_PROMPT.format(question=item.question), self._info(state, invalid=False)
+    def observe(self, state: RetrievalState, parsed: ParsedAction, extra: Any, result: Any) -> tuple[RetrievalState, str, dict[str, Any]]:
+        hits: list[Hit] = list(result)
+        return replace(state, retrieved_ids=state.retrieved_ids + tuple(h.doc_id for h in hits)), format_information(hits), {}
 
-    def plan(self, action: str) -> list[ToolCall]:
-        require_running(self.state)
-        parsed = parse_action(action, ("search", "answer"), self.max_action_chars)
-        calls = [ToolCall("search", parsed.argument)] if parsed.kind == "search" else []
-        return self._remember(calls, parsed)
-
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        _, parsed = self._take_pending()
-        s = self.state
-        s = replace(s, turn=s.turn + 1, format_valid=s.format_valid and parsed.well_formed)
-        reward, terminated, obs, extra = 0.0, False, "", {}
-        if parsed.kind == "answer":
-            s, reward, extra = answer_turn(self, s, parsed.argument)
-            terminated = True
-        elif parsed.kind == "search":
-            s = replace(s, tool_calls=s.tool_calls + 1)
-            result = results[0]
-            if isinstance(result, ToolError):
-                obs = f"\n\n<information>{result.message}</information>\n\n"
-                extra = {"tool_error": result.message}
-            else:
-                hits: list[Hit] = list(result)
-                s = replace(s, retrieved_ids=s.retrieved_ids + tuple(h.doc_id for h in hits))
-                obs = format_information(hits)
-        else:
-            s = replace(s, invalid_actions=s.invalid_actions + 1, format_valid=False)
-            obs = INVALID_ACTION_MESSAGE
-            extra = {"error": parsed.error}
-        return end_turn(self, s, obs, reward, terminated, parsed.kind == "invalid", extra)
-
-    def _info(self, s: QAState, invalid: bool) -> dict[str, Any]:
-        return {
-            "task_id": s.item.id,
-            "answers": list(s.item.answers),
-            "supporting_ids": list(s.item.supporting_ids),
-            "supporting_titles": [self._titles.get(i, "") for i in s.item.supporting_ids],
-            "question_type": s.item.type,
-            "hops": s.item.hops,
-            "retrieved_ids": list(s.retrieved_ids),
-            "turn": s.turn,
-            "tool_calls": s.tool_calls,
-            "invalid_action": invalid,
-        }
-
-    def render(self) -> str:
-        s = self.state
-        if s is None:
-            return "(not reset)"
-        return f"[{s.item.id}] turn {s.turn}/{self.max_turns} answer={s.answer!r} question={s.item.question!r}"
+    def episode_info(self, s: RetrievalState) -> dict[str, Any]:
+        return {"supporting_titles": [self._titles.get(i, "") for i in s.item.supporting_ids],
+                "retrieved_ids": list(s.retrieved_ids)}

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
-from treegym.envs.qa_tasks import answer_turn, end_turn, pick_item, require_running, shared
-from treegym.envs.react import parse_action
+from treegym.envs.core import ToolCall
+from treegym.envs.qa_env import QAEnv, QAState, shared
+from treegym.envs.react import ParsedAction
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
 from treegym.envs.web.guard import AddressGuard
 from treegym.envs.web.http import HttpConfig
 from treegym.envs.web.pages import paginate, split_page_ref
-from treegym.envs.web.tools import BrowseTool, FetchedPage, SearchTool, ToolError, shared_fetcher
+from treegym.envs.web.tools import BrowseTool, FetchedPage, WebSearchTool, shared_fetcher
 from treegym.errors import ConfigError
-from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
+from treegym.retrieval_index.qa import load_qa
 from treegym.retrieval_index.types import QAItem
 
 WEB_PROMPT = (
@@ -50,17 +49,9 @@ def _clip(text: str, limit: int) -> str:
 
 
 @dataclass(frozen=True)
-class WebState:
-    """Everything that changes during an episode, page state included. Immutable."""
+class WebState(QAState):
+    """A QA episode plus its queries and page state. Immutable."""
 
-    item: QAItem
-    turn: int = 0
-    done: bool = False
-    answer: str | None = None
-    invalid_actions: int = 0
-    format_valid: bool = True
-    tool_calls: int = 0
-    tool_errors: int = 0
     queries: tuple[str, ...] = ()
     visited: tuple[tuple[str, int], ...] = ()  # (url, part) in the order read
 
@@ -91,7 +82,7 @@ def format_page(page: FetchedPage, part: int, parts: Sequence[str]) -> str:
     return f"\n\n<information>{head}\n\n{text}{tail}</information>\n\n"
 
 
-class WebSearchQAEnv(ForkableEnv[WebState]):
+class WebSearchQAEnv(QAEnv[WebState]):
     """Answer a question by searching the web and reading pages (Search-R1's ReAct protocol).
 
     ## Observation
@@ -146,8 +137,10 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         resolution and on every redirect (``treegym.envs.web.guard``).
     """
 
-    splits = (*QA_SPLITS, "all")  # the env owns its tasks: trainers, eval and SFT ask it
-    eval_split = "dev"
+    state_class = WebState
+    prompt = WEB_PROMPT
+    tags = TAGS
+    invalid_message = INVALID_WEB_ACTION
 
     def __init__(
         self,
@@ -173,18 +166,13 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         browse_allow: Sequence[str] = (),
     ) -> None:
         # Bounded spaces: an observation is one page part plus its links, or topk snippets.
-        super().__init__(max_obs_chars=max(65536, page_chars + 16384), max_action_chars=max_action_chars,
-                         render_mode=render_mode)
-        if reward not in ("em", "f1"):
-            raise ConfigError(f"reward must be 'em' or 'f1', got {reward!r}")
+        super().__init__(max_turns=max_turns, reward=reward, format_score=format_score, max_action_chars=max_action_chars,
+                         render_mode=render_mode, max_obs_chars=max(65536, page_chars + 16384))
         if not 1 <= topk <= 20:
             raise ConfigError(f"topk must be between 1 and 20, got {topk}")
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
         if page_chars < 200:
             raise ConfigError(f"page_chars must be at least 200, got {page_chars}")
-        self.topk, self.page_chars, self.max_turns = topk, page_chars, max_turns
-        self.reward_kind, self.format_score, self.max_action_chars = reward, format_score, max_action_chars
+        self.topk, self.page_chars = topk, page_chars
         self.http = http or HttpConfig()
 
         allow = tuple(browse_allow)
@@ -206,7 +194,7 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
         self.guard = AddressGuard.of(allow)
         key = ("tools", backend.name, topk, self.http, id(self.cache), self.guard)
         self.tools = shared(key, lambda: {
-            "search": SearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
+            "search": WebSearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
             "browse": BrowseTool(shared_fetcher(self.http), self.cache, self.guard),
         })
 
@@ -215,125 +203,35 @@ class WebSearchQAEnv(ForkableEnv[WebState]):
 
             items = synthetic_world(passages=synthetic_passages, seed=0).questions(split)
         if items is None:
-            items = shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_items(dataset, split, question_types))
-        self.items: tuple[QAItem, ...] = tuple(items)
-        if not self.items:
-            raise ConfigError(f"no questions in dataset {dataset!r}, split {split!r}, types {question_types}")
-        self._by_id = {it.id: it for it in self.items}
+            items = shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_qa(dataset, split=split, types=question_types))
+        self.set_items(items, f"no questions in dataset {dataset!r}, split {split!r}, types {question_types}")
 
-    # ---- episode ------------------------------------------------------------------------------
+    # ---- the QAEnv hooks ------------------------------------------------------------------
 
-    def task_ids(self) -> list[str]:
-        return [it.id for it in self.items]
-
-    def _reset_state(self, options: dict[str, Any]) -> tuple[WebState, str, dict[str, Any]]:
-        item = pick_item(self.items, self._by_id, options, self.np_random)
-        state = WebState(item=item)
-        return state, WEB_PROMPT.format(question=item.question), self._info(state, invalid=False)
-
-    def plan(self, action: str) -> list[ToolCall]:
-        require_running(self.state)
-        parsed = parse_action(action, TAGS, self.max_action_chars)
+    def tool_calls(self, parsed: ParsedAction) -> tuple[list[ToolCall], Any]:
         if parsed.kind == "search":
-            return self._remember([ToolCall("search", parsed.argument)], (parsed, None))
-        if parsed.kind == "browse":
-            ref = parsed.argument
-            if ref.lower() in ("next", "next page"):
-                if not self.state.visited:
-                    parsed = replace(parsed, kind="invalid", error="<browse>next</browse> before any page was browsed")
-                    return self._remember([], (parsed, None))
-                url, part = self.state.visited[-1]
-                target = (url, part + 1)
-            else:
-                target = split_page_ref(ref)
-            return self._remember([ToolCall("browse", target[0])], (parsed, target))
-        return self._remember([], (parsed, None))
-
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        _, (parsed, target) = self._take_pending()
-        s = self.state
-        s = replace(s, turn=s.turn + 1, format_valid=s.format_valid and parsed.well_formed)
-        reward, terminated, obs, extra = 0.0, False, "", {}
-        if parsed.kind == "answer":
-            s, reward, extra = answer_turn(self, s, parsed.argument)
-            terminated = True
-        elif parsed.kind in ("search", "browse"):
-            s = replace(s, tool_calls=s.tool_calls + 1)
-            result = results[0]
-            if isinstance(result, ToolError):
-                obs, extra = f"\n\n<information>{result.message}</information>\n\n", {"tool_error": result.message}
-                s = replace(s, tool_errors=s.tool_errors + 1)
-            elif parsed.kind == "search":
-                s = replace(s, queries=s.queries + (parsed.argument,))
-                obs = format_results(parsed.argument, result)
-            else:
-                page: FetchedPage = result
-                parts = paginate(page.text, self.page_chars)
-                part = target[1]
-                if part > len(parts):
-                    message = f"Browse failed: {page.url} has {len(parts)} part(s); there is no part {part}"
-                    obs, extra = f"\n\n<information>{message}</information>\n\n", {"tool_error": message}
-                    s = replace(s, tool_errors=s.tool_errors + 1)
-                else:
-                    # Record the requested URL (not a redirect target) so that "next" repeats it.
-                    s = replace(s, visited=s.visited + ((target[0], part),))
-                    obs = format_page(page, part, parts)
+            return [ToolCall("search", parsed.argument)], None
+        ref = parsed.argument
+        if ref.lower() in ("next", "next page"):
+            if not self.state.visited:
+                return [], replace(parsed, kind="invalid", error="<browse>next</browse> before any page was browsed")
+            url, part = self.state.visited[-1]
+            target = (url, part + 1)
         else:
-            s = replace(s, invalid_actions=s.invalid_actions + 1, format_valid=False)
-            obs, extra = INVALID_WEB_ACTION, {"error": parsed.error}
-        return end_turn(self, s, obs, reward, terminated, parsed.kind == "invalid", extra)
+            target = split_page_ref(ref)
+        return [ToolCall("browse", target[0])], target
 
-    def _info(self, s: WebState, invalid: bool) -> dict[str, Any]:
-        return {
-            "task_id": s.item.id,
-            "answers": list(s.item.answers),
-            "supporting_ids": list(s.item.supporting_ids),
-            "question_type": s.item.type,
-            "hops": s.item.hops,
-            "turn": s.turn,
-            "tool_calls": s.tool_calls,
-            "visited": [f"{u}#page={p}" for u, p in s.visited],
-            "invalid_action": invalid,
-        }
+    def observe(self, s: WebState, parsed: ParsedAction, target: Any, result: Any) -> tuple[WebState, str, dict[str, Any]]:
+        if parsed.kind == "search":
+            return replace(s, queries=s.queries + (parsed.argument,)), format_results(parsed.argument, result), {}
+        page: FetchedPage = result
+        parts = paginate(page.text, self.page_chars)
+        part = target[1]
+        if part > len(parts):
+            message = f"Browse failed: {page.url} has {len(parts)} part(s); there is no part {part}"
+            return replace(s, tool_errors=s.tool_errors + 1), f"\n\n<information>{message}</information>\n\n", {"tool_error": message}
+        # Record the requested URL (not a redirect target) so that "next" repeats it.
+        return replace(s, visited=s.visited + ((target[0], part),)), format_page(page, part, parts), {}
 
-    def render(self) -> str:
-        s = self.state
-        if s is None:
-            return "(not reset)"
-        return f"[{s.item.id}] turn {s.turn}/{self.max_turns} answer={s.answer!r} question={s.item.question!r}"
-
-
-def load_items(dataset: str, split: str, question_types: Sequence[str] | None = None) -> list[QAItem]:
-    """Tasks by name or file: the built-in set, a Search-R1 parquet or a FlashRAG JSONL file."""
-    from treegym.retrieval_index.qa import load_qa
-
-    try:
-        return load_qa(dataset, split=split, types=question_types)
-    except ImportError:
-        # The file loaders may be missing from this install; a FlashRAG JSONL file is simple
-        # enough to read here.
-        path = Path(dataset).expanduser()
-        if path.suffix != ".jsonl" or not path.exists():
-            raise
-        return read_flashrag_jsonl(path, split)
-
-
-def read_flashrag_jsonl(path: Path, split: str = "train") -> list[QAItem]:
-    """``{"id", "question", "golden_answers"}`` lines (``answers`` also accepted) as QAItems."""
-    import json
-
-    items = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                answers = rec.get("golden_answers", rec.get("answers"))
-                if isinstance(answers, str):
-                    answers = [answers]
-                items.append(QAItem(id=str(rec.get("id", f"{path.stem}-{lineno}")), question=str(rec["question"]),
-                                    answers=tuple(str(a) for a in answers), split=split, source=path.stem))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ConfigError(f"{path}:{lineno}: not a QA record (want question and golden_answers): {exc}") from exc
-    return items
+    def episode_info(self, s: WebState) -> dict[str, Any]:
+        return {"visited": [f"{u}#page={p}" for u, p in s.visited]}

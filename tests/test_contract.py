@@ -57,8 +57,8 @@ def test_pool_batches_calls_of_shared_tool_into_one_call():
     envs = [ToyEnv(tool) for _ in range(5)]
     for e in envs:
         e.reset(seed=0, options={"target": 1000})
-    pool = EnvPool(envs)
-    out = pool.step(["1", "2", "bad", "3", "4"])
+    pool = EnvPool()
+    out = pool.step(envs, ["1", "2", "bad", "3", "4"])
     assert tool.batches == [4]
     assert [out[i][0] for i in range(5)] == ["total 1", "total 4", "invalid", "total 9", "total 16"]
     assert pool.stats.tool_calls == 4 and pool.stats.batches == 1

@@ -18,7 +18,7 @@ def test_ppo_clip_matches_hand_computed_surrogate() -> None:
     out = ppo_clip_loss(logp, old, adv, torch.ones(1, 3), clip=0.2)
     # token 0: min(1.5, 1.2)*1 -> -1.2; token 1: min(.9,.9) -> -.9; token 2: -(-2)*1 = 2
     assert out.loss.item() == pytest.approx((-1.2 - 0.9 + 2.0) / 3, rel=1e-5)
-    assert out.clipfrac.item() == pytest.approx(1 / 3)
+    assert out.metrics["clipfrac"].item() == pytest.approx(1 / 3)
 
 
 def test_dual_clip_caps_the_loss_of_negative_advantages() -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from treegym.errors import ConfigError
-from treegym.trainers.algorithms import ALGORITHMS, get_algorithm, loss_kwargs
+from treegym.trainers import advantages, losses
+from treegym.trainers.algorithms import ALGORITHMS, chains, get_algorithm, trees
 from treegym.trainers.config import (
     TrainConfig,
     from_dict,
@@ -74,9 +75,17 @@ def test_bad_yaml_is_a_config_error(tmp_path: Path) -> None:
 
 def test_algorithms_are_records_of_sampler_advantage_and_loss() -> None:
     assert set(ALGORITHMS) == {"grpo", "tree-grpo", "treeopsd"}
-    assert get_algorithm("grpo").sampler == "chains"
-    assert get_algorithm("treeopsd").loss == "treeopsd"
-    assert loss_kwargs(get_algorithm("grpo"), TrainConfig())["clip"] == 0.2
+    assert get_algorithm("grpo").sample is chains and get_algorithm("tree-grpo").sample is trees
+    assert get_algorithm("treeopsd").loss is losses.treeopsd_loss
+    assert get_algorithm("tree-grpo").advantage is advantages.tree_grpo
+    assert get_algorithm("grpo").loss_options(TrainConfig())["clip"] == 0.2
+    # each function gets exactly the options it declares (no **kwargs swallowing a typo)
+    import inspect
+
+    for algo in ALGORITHMS.values():
+        cfg = TrainConfig()
+        inspect.signature(algo.advantage).bind(None, **algo.advantage_options(cfg))
+        inspect.signature(algo.loss).bind(None, None, None, None, **algo.loss_options(cfg))
     with pytest.raises(ConfigError, match="tree-grpo"):
         get_algorithm("dpo")
 

@@ -7,6 +7,7 @@ local folder, sampled by HFPolicy with the tree/chain samplers, scored and updat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -21,7 +22,7 @@ from tiny_task import build_tiny_model
 
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
-from treegym.trainers import advantages
+from treegym.trainers import advantages, algorithms
 from treegym.trainers.advantages import TokenAdvantages
 from treegym.trainers.checkpoint import list_checkpoints
 from treegym.trainers.config import TrainConfig, load_config
@@ -65,8 +66,11 @@ def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Pat
     assert list_checkpoints(folder / "checkpoints")[-1].name == "step_20.pt"
     assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_em_vs_step.png", "reward_em_vs_tokens_total.png"]
     line = json.loads((folder / "metrics.jsonl").read_text().splitlines()[1])
-    for key in ("reward", "em", "approx_kl", "clipfrac", "entropy", "generated_tokens", "tool_calls", "tokens_total"):
+    own = ("opsd_loss", "opsd_past_target") if algo == "treeopsd" else ("pg_loss", "clipfrac")
+    for key in ("reward", "em", "approx_kl", "entropy", "generated_tokens", "tool_calls", "tokens_total", *own):
         assert key in line, key
+    if algo == "treeopsd":  # TreeOPSD logs its own quantities, not PPO's
+        assert "clipfrac" not in line and "pg_loss" not in line
     if algo == "tree-grpo":
         assert any((folder / "tb").iterdir())
 
@@ -92,7 +96,7 @@ def test_nonfinite_loss_skips_steps_and_three_in_a_row_stop_the_run(
         out = advantages.grpo(rollouts)
         return TokenAdvantages([a * float("nan") for a in out.advantages], out.weights, out.per_rollout)
 
-    monkeypatch.setitem(advantages.ADVANTAGES, "grpo", nan_advantages)
+    monkeypatch.setitem(algorithms.ALGORITHMS, "grpo", dataclasses.replace(algorithms.ALGORITHMS["grpo"], advantage=nan_advantages))
     cfg = tiny_config(tiny_model, tmp_path, algo="grpo", steps=5, run__name="nan", run__save_every=1, run__eval_n=0)
     with pytest.warns(UserWarning, match="non-finite loss, update skipped"), pytest.raises(TrainingError, match="3 consecutive steps"):
         train(cfg, progress=False)

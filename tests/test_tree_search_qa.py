@@ -174,8 +174,8 @@ def test_pool_runs_all_pending_searches_as_one_retriever_call(env):
     envs = [TreeSearchQAEnv(retriever=counting, items=env.unwrapped.items, corpus_limit=300) for _ in range(4)]
     for i, e in enumerate(envs):
         e.reset(seed=i)
-    pool = EnvPool(envs)
-    out = pool.step(["<search>Rome</search>", "<answer>x</answer>", "<search>Nile</search>", "<search>Moon</search>"])
+    pool = EnvPool()
+    out = pool.step(envs, ["<search>Rome</search>", "<answer>x</answer>", "<search>Nile</search>", "<search>Moon</search>"])
     assert counting.batches == [["Rome", "Nile", "Moon"]]
     assert out[1][2] is True and "<information>" in out[3][0]
 

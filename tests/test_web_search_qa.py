@@ -182,10 +182,10 @@ def test_a_pool_of_envs_sends_its_requests_concurrently_in_one_batch(docs, make)
         envs = [make(search_url=web.url) for _ in range(12)]
         for e in envs:
             e.reset(seed=0)
-        pool = EnvPool(envs)
+        pool = EnvPool()
         titles = [d.title for d in docs if d.title[:1].isalpha()][:11]
         actions = [f"<search>{t}</search>" for t in titles] + ["<browse>http://127.0.0.1:9/</browse>"]
-        out = pool.step(actions)
+        out = pool.step(envs, actions)
     assert pool.stats.calls_by_tool == {"search": 11, "browse": 1} and pool.stats.batches == 2
     assert web.max_inflight > 1
     assert all("<information>Doc 1(Title:" in out[i][0] for i in range(11))

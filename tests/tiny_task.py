@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.core import ForkableEnv, Plan, StepResult
 
 VOCAB = ["[PAD]", "[EOS]", "A", "B", "C", "D", "E", "F", "ok", "no", "go"]
 KEYS = ("A", "B", "C", "D")
@@ -41,21 +41,21 @@ class TinyKeysEnv(ForkableEnv[KeysState]):
     def _reset_state(self, options: dict[str, Any]) -> tuple[KeysState, str, dict[str, Any]]:
         return KeysState(), "go", {}
 
-    def plan(self, action: str) -> list[ToolCall]:
-        return self._remember([], parsed=action)
+    def plan(self, action: str) -> Plan:
+        return self.make_plan([], action)
 
-    def resolve(self, results: Sequence[Any]) -> StepResult:
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
         _die_if_asked()
-        _, action = self._take_pending()
-        s = self.state
+        self.check_plan(plan)
+        action, s = plan.parsed, self.state
         words = str(action).split()
         hit = bool(words) and words[0] == KEYS[s.turn]
         s = replace(s, turn=s.turn + 1, correct=s.correct + int(hit))
         self.state = s
         done = s.turn >= self.max_turns
-        info: dict[str, Any] = {"turn": s.turn, "invalid_action": not words}
+        info: dict[str, Any] = {"turn": s.turn, "invalid_action": not words, "tool_calls": 0}
         if done:
-            info["em"] = float(s.correct == self.max_turns)
+            info["success"] = info["em"] = float(s.correct == self.max_turns)
         return ("" if done else ("ok" if hit else "no")), hit / self.max_turns, done, False, info
 
 

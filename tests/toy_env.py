@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall
+from treegym.envs.core import ForkableEnv, Plan, StepResult, ToolCall, require_running
 
 
 class SquareTool:
@@ -25,6 +25,7 @@ class ToyState:
     target: int
     total: int = 0
     turn: int = 0
+    tool_calls: int = 0
 
 
 class ToyEnv(ForkableEnv[ToyState]):
@@ -39,20 +40,26 @@ class ToyEnv(ForkableEnv[ToyState]):
         target = int(options.get("target", self.np_random.integers(5, 50)))
         return ToyState(target=target), f"reach {target}", {}
 
-    def plan(self, action: str) -> list[ToolCall]:
-        try:
-            return self._remember([ToolCall("square", int(action))])
-        except ValueError:
-            return self._remember([], parsed="invalid")
-
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        _, parsed = self._take_pending()
+    def plan(self, action: str) -> Plan:
         s = self.state
+        require_running(s, s is not None and (s.total == s.target or s.turn >= self.max_turns))
+        try:
+            return self.make_plan([ToolCall("square", int(action))])
+        except ValueError:
+            return self.make_plan([], parsed="invalid")
+
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        self.check_plan(plan)
+        parsed, s = plan.parsed, self.state
         add = results[0] if results else 0
-        self.state = s = replace(s, total=s.total + add, turn=s.turn + 1)
+        self.state = s = replace(s, total=s.total + add, turn=s.turn + 1, tool_calls=s.tool_calls + len(plan.calls))
         won = s.total == s.target
         obs = "invalid" if parsed == "invalid" else f"total {s.total}"
-        return obs, float(won), won, s.turn >= self.max_turns and not won, {"turn": s.turn}
+        trunc = s.turn >= self.max_turns and not won
+        info: dict[str, Any] = {"turn": s.turn, "invalid_action": parsed == "invalid", "tool_calls": s.tool_calls}
+        if won or trunc:
+            info["success"] = float(won)
+        return obs, float(won), won, trunc, info
 
 
 class LeakyToyEnv(ToyEnv):
@@ -62,7 +69,7 @@ class LeakyToyEnv(ToyEnv):
         self.log: list[int] = []
         return super()._reset_state(options)
 
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        obs, r, term, trunc, info = super().resolve(results)
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        obs, r, term, trunc, info = super().resolve(plan, results)
         self.log.append(self.state.total)
         return f"{obs} after {len(self.log)} steps", r, term, trunc, info

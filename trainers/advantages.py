@@ -299,6 +299,8 @@ def treeopsd(
     return TokenAdvantages(advs, weights, torch.tensor(summary))
 
 
+# By name, for users and benchmarks that pick an estimator from a string (the algorithm records
+# in ``algorithms.py`` hold the functions themselves).
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo,
     "dr-grpo": dr_grpo,

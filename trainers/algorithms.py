@@ -1,35 +1,91 @@
-"""Each algorithm is a small record: which sampler, which advantage function, which loss.
-
-The loop (``treegym.trainers.loop``) is shared; swapping the record swaps the algorithm.
+"""Each algorithm is a small record of three functions: how it samples, how it credits, what it
+minimises. The loop (``treegym.trainers.loop``) is shared and calls them; it never asks an
+algorithm's name.
 
 - ``grpo``: G independent chains per prompt; group-normalised outcome reward; PPO clip.
 - ``tree-grpo``: m trees per prompt grown by forking envs at agent turns (n nodes per round,
   l rounds, k leaves kept per tree); inter-tree + intra-tree normalised leaf reward; PPO clip.
 - ``treeopsd``: the same trees; backed-up turn credit V(child) - V(parent); a bounded
   teacher-student divergence (see ``treegym.trainers.losses.treeopsd_loss``).
+
+Each function reads its own options from the config (``advantage_options``, ``loss_options``),
+so an estimator or loss gets exactly the keywords it declares.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.rollout.samplers import sample_chains, sample_trees
+from treegym.agents.rollout.types import RolloutBatch
 from treegym.errors import ConfigError
+from treegym.trainers import advantages, losses
 from treegym.trainers.config import TrainConfig
+
+# (policy, env, prompts, cfg, sampling params, context mode, seed) -> batch
+Sampler = Callable[[Policy, Any, list, TrainConfig, SamplingParams, str, int], RolloutBatch]
+
+
+def _common(cfg: TrainConfig, mode: str) -> dict[str, Any]:
+    return {"max_turns": cfg.sampler.max_turns, "mode": mode, "max_context_tokens": cfg.sampler.max_context_tokens}
+
+
+def chains(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: SamplingParams, mode: str,
+           seed: int) -> RolloutBatch:
+    """G independent chains per prompt (``sampler.group_size``)."""
+    return sample_chains(policy, env, prompts, cfg.sampler.group_size, params, **_common(cfg, mode))
+
+
+def trees(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: SamplingParams, mode: str,
+          seed: int) -> RolloutBatch:
+    """Tree-GRPO's agent-step trees (``sampler.trees/expand_nodes/rounds/leaves/expansion``)."""
+    s = cfg.sampler
+    return sample_trees(policy, env, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves, params=params,
+                        expansion=s.expansion, seed=seed, **_common(cfg, mode))
+
+
+def chain_leaves(cfg: TrainConfig) -> int:
+    return cfg.sampler.group_size
+
+
+def tree_leaves(cfg: TrainConfig) -> int:
+    return cfg.sampler.trees * cfg.sampler.leaves
+
+
+def ppo_options(cfg: TrainConfig) -> dict[str, Any]:
+    lc = cfg.loss
+    return {"agg": lc.agg, "constant": lc.constant_normalizer, "clip": lc.clip, "dual_clip": lc.dual_clip or None}
+
+
+def opsd_loss_options(cfg: TrainConfig) -> dict[str, Any]:
+    lc = cfg.loss
+    return {"agg": lc.agg, "constant": lc.constant_normalizer, "beta": lc.beta, "eps": lc.eps}
 
 
 @dataclass(frozen=True)
 class Algorithm:
     name: str
-    sampler: str  # "chains" or "trees"
-    advantage: str  # a name in treegym.trainers.advantages.ADVANTAGES
-    loss: str  # a name in treegym.trainers.losses.POLICY_LOSSES
+    sample: Sampler
+    leaves_per_prompt: Callable[[TrainConfig], int]  # trajectories each prompt adds to a batch
+    advantage: advantages.AdvantageFn
+    advantage_options: Callable[[TrainConfig], dict[str, Any]]
+    loss: Callable[..., losses.LossOutput]
+    loss_options: Callable[[TrainConfig], dict[str, Any]]
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", sampler="chains", advantage="grpo", loss="ppo-clip"),
-    "tree-grpo": Algorithm("tree-grpo", sampler="trees", advantage="tree-grpo", loss="ppo-clip"),
-    "treeopsd": Algorithm("treeopsd", sampler="trees", advantage="treeopsd", loss="treeopsd"),
+    "grpo": Algorithm("grpo", chains, chain_leaves, advantages.grpo, lambda c: {"use_std": c.advantage.use_std},
+                      losses.ppo_clip_loss, ppo_options),
+    "tree-grpo": Algorithm("tree-grpo", trees, tree_leaves, advantages.tree_grpo,
+                           lambda c: {"mode": c.advantage.tree_mode, "prefix_credit": c.advantage.prefix_credit},
+                           losses.ppo_clip_loss, ppo_options),
+    "treeopsd": Algorithm("treeopsd", trees, tree_leaves, advantages.treeopsd,
+                          lambda c: {"normalize_std": c.advantage.normalize_std, "root": c.advantage.opsd_root,
+                                     "fallback": c.advantage.opsd_fallback},
+                          losses.treeopsd_loss, opsd_loss_options),
 }
 
 
@@ -37,28 +93,3 @@ def get_algorithm(name: str) -> Algorithm:
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm {name!r} is not one of: {', '.join(ALGORITHMS)}")
     return ALGORITHMS[name]
-
-
-def advantage_kwargs(algo: Algorithm, cfg: TrainConfig) -> dict[str, Any]:
-    """The advantage function's options, read from the config."""
-    a = cfg.advantage
-    return {
-        "grpo": {"use_std": a.use_std},
-        "tree-grpo": {"mode": a.tree_mode, "prefix_credit": a.prefix_credit},
-        "treeopsd": {"normalize_std": a.normalize_std, "root": a.opsd_root, "fallback": a.opsd_fallback},
-    }.get(algo.advantage, {})
-
-
-def loss_kwargs(algo: Algorithm, cfg: TrainConfig) -> dict[str, Any]:
-    """The policy loss's options, read from the config."""
-    lc = cfg.loss
-    common = {"agg": lc.agg, "constant": lc.constant_normalizer}
-    if algo.loss == "ppo-clip":
-        return {**common, "clip": lc.clip, "dual_clip": lc.dual_clip or None}
-    return {**common, "beta": lc.beta, "eps": lc.eps}
-
-
-def leaves_per_prompt(algo: Algorithm, cfg: TrainConfig) -> int:
-    """Trajectories each prompt contributes to a batch."""
-    s = cfg.sampler
-    return s.group_size if algo.sampler == "chains" else s.trees * s.leaves

@@ -15,6 +15,7 @@ from typing import Any
 from treegym.agents.eval import Interval, bootstrap_interval, wilson_interval
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.types import RolloutBatch
+from treegym.envs.core import success
 from treegym.trainers.config import TrainConfig
 
 
@@ -53,16 +54,6 @@ class HeldOut:
         return HeldOut(*(tuple(x for p in got for x in getattr(p, f)) for f in ("em", "well_formed", "tool_calls")))
 
 
-def success_of(info: dict[str, Any], reward: float) -> float:
-    """A finished episode's score: the env's ``em``, else its ``success``; 0 for a QA episode
-    that never answered (its info has ``answers`` but no ``em``); else whether reward > 0."""
-    if "em" in info:
-        return float(info["em"])
-    if "success" in info:
-        return float(info["success"])
-    return 0.0 if "answers" in info else float(reward > 0)
-
-
 def heldout_from_batch(batch: RolloutBatch) -> HeldOut:
     """One value per prompt from a batch of one chain per prompt."""
     trees = {(t.prompt_index, t.tree_index): t for t in batch.trees}
@@ -71,7 +62,7 @@ def heldout_from_batch(batch: RolloutBatch) -> HeldOut:
         tree = trees[(r.prompt_index, r.tree_index)]
         turns = [tree.nodes[i].turn for i in r.node_path]
         turns = [t for t in turns if t is not None]
-        em.append(success_of(r.info, r.reward))
+        em.append(success(r.info))
         good.append(sum(not t.invalid for t in turns) / len(turns) if turns else 0.0)
         calls.append(float(sum(t.tool_calls for t in turns)))
     return HeldOut(tuple(em), tuple(good), tuple(calls))

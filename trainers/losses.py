@@ -23,18 +23,13 @@ AGGREGATIONS = ("token-mean", "seq-mean", "constant")
 
 @dataclass(frozen=True)
 class LossOutput:
-    """The scalar to minimise, and the named quantities behind it (detached, for logging)."""
+    """The scalar to minimise, and the named quantities behind it (detached), logged under
+    their names. Every loss reports ``approx_kl``, ``ratio_mean`` and ``pg_weight``: the mean
+    |d loss / d log pi| per action token at ratio 1, the step size the advantages ask for (PPO:
+    |A|·w; TreeOPSD: |r* - 1|·w), comparable across losses. The rest are the loss's own."""
 
     loss: Tensor
-    pg_loss: Tensor
-    pg_loss1: Tensor
-    pg_loss2: Tensor
-    approx_kl: Tensor
-    clipfrac: Tensor
-    ratio_mean: Tensor
-    # Mean |d loss / d log pi| per action token at ratio 1: the step size the advantages ask
-    # for (PPO: |A|·w; TreeOPSD: |r* - 1|·w), comparable across losses.
-    pg_weight: Tensor
+    metrics: dict[str, Tensor]
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", constant: float | None = None) -> Tensor:
@@ -99,16 +94,15 @@ def ppo_clip_loss(
     loss = aggregate(per_token, mask, agg, constant)
     clipfrac = masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask).detach()
     pg_weight = advantages.abs() if weights is None else advantages.abs() * weights
-    return LossOutput(
-        loss=loss,
-        pg_loss=loss.detach(),
-        pg_loss1=masked_mean(pg_loss1, mask).detach(),
-        pg_loss2=masked_mean(pg_loss2, mask).detach(),
-        approx_kl=_approx_kl(log_ratio, mask),
-        clipfrac=clipfrac,
-        ratio_mean=masked_mean(ratio, mask).detach(),
-        pg_weight=masked_mean(pg_weight, mask).detach(),
-    )
+    return LossOutput(loss, {
+        "pg_loss": loss.detach(),
+        "pg_loss1": masked_mean(pg_loss1, mask).detach(),
+        "pg_loss2": masked_mean(pg_loss2, mask).detach(),
+        "clipfrac": clipfrac,
+        "approx_kl": _approx_kl(log_ratio, mask),
+        "ratio_mean": masked_mean(ratio, mask).detach(),
+        "pg_weight": masked_mean(pg_weight, mask).detach(),
+    })
 
 
 def teacher_ratio(advantages: Tensor, beta: float = 1.0, eps: float = 0.2) -> Tensor:
@@ -155,25 +149,24 @@ def treeopsd_loss(
     ratio = torch.exp(log_ratio)
     target = teacher(advantages) if teacher is not None else teacher_ratio(advantages, beta, eps)
     target = target.detach()
-    pg_loss1 = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
-    pg_loss2 = ratio - target  # -r* + r
-    per_token = pg_loss1 + pg_loss2
+    log_term = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
+    linear_term = ratio - target  # -r* + r
+    per_token = log_term + linear_term
     if weights is not None:
         per_token = per_token * weights
     loss = aggregate(per_token, mask, agg, constant)
-    # "clipfrac" here: the share of tokens whose ratio has already passed its target.
-    passed = (ratio - target) * (target - 1.0) > 0
+    passed = (ratio - target) * (target - 1.0) > 0  # the ratio has already passed its target
     pg_weight = (target - 1.0).abs() if weights is None else (target - 1.0).abs() * weights
-    return LossOutput(
-        loss=loss,
-        pg_loss=loss.detach(),
-        pg_loss1=masked_mean(pg_loss1, mask).detach(),
-        pg_loss2=masked_mean(pg_loss2, mask).detach(),
-        approx_kl=_approx_kl(log_ratio, mask),
-        clipfrac=masked_mean(passed.to(logp.dtype), mask).detach(),
-        ratio_mean=masked_mean(ratio, mask).detach(),
-        pg_weight=masked_mean(pg_weight, mask).detach(),
-    )
+    return LossOutput(loss, {
+        "opsd_loss": loss.detach(),
+        "opsd_log_term": masked_mean(log_term, mask).detach(),
+        "opsd_linear_term": masked_mean(linear_term, mask).detach(),
+        "opsd_past_target": masked_mean(passed.to(logp.dtype), mask).detach(),
+        "opsd_teacher_ratio": masked_mean(target, mask).detach(),
+        "approx_kl": _approx_kl(log_ratio, mask),
+        "ratio_mean": masked_mean(ratio, mask).detach(),
+        "pg_weight": masked_mean(pg_weight, mask).detach(),
+    })
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -184,16 +177,3 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """
     d = torch.clamp(ref_logp - logp, -20.0, 20.0)
     return torch.exp(d) - d - 1.0
-
-
-POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
-    "ppo-clip": ppo_clip_loss,
-    "treeopsd": treeopsd_loss,
-}
-
-
-def get_policy_loss(name: str) -> Callable[..., LossOutput]:
-    """The loss registered under ``name``; a ConfigError lists the valid names."""
-    if name not in POLICY_LOSSES:
-        raise ConfigError(f"loss {name!r} is not one of: {', '.join(sorted(POLICY_LOSSES))}")
-    return POLICY_LOSSES[name]

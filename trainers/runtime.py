@@ -94,6 +94,12 @@ def all_sum(values: Sequence[float], dist: Dist, device: torch.device) -> list[f
     return t.tolist()
 
 
+def all_sum_named(values: dict[str, float], dist: Dist, device: torch.device) -> dict[str, float]:
+    """Sum named floats over every process (the same names on every process)."""
+    names = sorted(values)
+    return dict(zip(names, all_sum([float(values[k]) for k in names], dist, device)))
+
+
 def any_rank(flag: bool, dist: Dist, device: torch.device) -> bool:
     """True on every process if ``flag`` is true on any (so all take the same branch)."""
     return all_sum([float(flag)], dist, device)[0] > 0

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from treegym.agents.rollout.context import TokenContext, resolve_mode
+from treegym.envs.core import success
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, read_traces, select_examples
 
@@ -230,9 +231,9 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 # ---- held-out format and EM -------------------------------------------------------------------
 
 
-def format_score(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
+def well_formed_rate(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
                  max_turns: int, max_new_tokens: int, seed: int = 0) -> FormatScore:
-    """Greedy chains on ``prompts``: EM per episode, and the share of well-formed actions."""
+    """Greedy chains on ``prompts``: success (EM on QA) per episode, and the share of well-formed actions."""
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.policy import SamplingParams
     from treegym.agents.rollout.samplers import sample_chains
@@ -242,7 +243,7 @@ def format_score(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequ
     with torch.no_grad():
         batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode)  # type: ignore[arg-type]
     turns = [n.turn for tree in batch.trees for n in tree.nodes if n.turn is not None]
-    em = [float(r.info.get("em", 0.0)) for r in batch.rollouts]
+    em = [success(r.info) for r in batch.rollouts]
     good = sum(not t.invalid for t in turns)
     return FormatScore(len(em), sum(em) / max(1, len(em)), good / max(1, len(turns)), len(turns))
 
@@ -320,7 +321,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
     def score() -> FormatScore | None:
         if eval_env is None:
             return None
-        return format_score(rt.base_model(model), tokenizer, eval_env, eval_prompts, mode, cfg.max_turns, cfg.max_new_tokens, cfg.seed)
+        return well_formed_rate(rt.base_model(model), tokenizer, eval_env, eval_prompts, mode, cfg.max_turns, cfg.max_new_tokens, cfg.seed)
 
     before = score()
     if before is not None:

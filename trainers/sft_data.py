@@ -22,6 +22,8 @@ from treegym.agents.base import Message
 from treegym.agents.eval import progress_bar
 from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.episode import run_episode
+from treegym.agents.rollout.types import reset_args
+from treegym.envs.core import success
 from treegym.errors import ConfigError, TreegymError
 
 EXPERTS: tuple[str, ...] = ("heuristic", "oracle")
@@ -85,12 +87,12 @@ def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress
     bar = progress_bar(len(prompts), "expert episodes", progress)
     out: list[ExpertEpisode] = []
     for prompt in prompts:
-        seed, options = (None, dict(prompt)) if isinstance(prompt, dict) else (prompt, None)
+        seed, options = reset_args(prompt)
         ep = run_episode(env, expert, seed=seed, options=options)
         if bar is not None:
             bar.update(1)
         if ep.error is None:
-            out.append(ExpertEpisode(ep.episode_id, tuple(ep.messages), float(ep.info.get("em", ep.reward > 0))))
+            out.append(ExpertEpisode(ep.episode_id, tuple(ep.messages), success(ep.info)))
     if bar is not None:
         bar.close()
     return out

@@ -9,8 +9,8 @@ tree view, SFT and every trainer share it.
 """
 
 from treegym.agents.rollout.episode import Episode, run_episode
-from treegym.agents.rollout.samplers import Prompt, sample_chains, sample_trees, to_rollout
-from treegym.agents.rollout.types import Budget, Node, Rollout, RolloutBatch, Tree, Turn
+from treegym.agents.rollout.samplers import sample_chains, sample_trees, to_rollout
+from treegym.agents.rollout.types import Budget, Node, Prompt, Rollout, RolloutBatch, Tree, Turn, reset_args
 
 __all__ = ["Budget", "Episode", "Node", "Prompt", "Rollout", "RolloutBatch", "Tree", "Turn",
-           "run_episode", "sample_chains", "sample_trees", "to_rollout"]
+           "reset_args", "run_episode", "sample_chains", "sample_trees", "to_rollout"]

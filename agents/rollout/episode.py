@@ -15,7 +15,6 @@ from typing import Any
 import gymnasium as gym
 
 from treegym.agents.base import AgentLike, Message, as_agent, begin
-from treegym.envs.core import ForkableEnv, execute_calls
 
 
 @dataclass(frozen=True)
@@ -50,16 +49,15 @@ def run_episode(
     """Reset ``env`` and let ``agent`` act until the episode ends (or ``max_turns`` actions).
 
     ``agent`` is anything with ``act(messages) -> str`` or a plain callable; its optional
-    ``begin(info)`` hook gets the reset info. Tool calls are counted exactly when ``env`` is a
-    treegym env under gymnasium's bookkeeping wrappers only (its two-phase step exposes them);
-    behind other wrappers, and for other text envs, from a cumulative ``info["tool_calls"]``.
+    ``begin(info)`` hook gets the reset info. Each action goes through ``env.step``, wrappers
+    included; tool calls are read from the env's cumulative ``info["tool_calls"]`` (a key every
+    treegym env keeps).
     """
     eid = episode_id if episode_id is not None else (f"seed={seed}" if options is None else f"seed={seed} options={options}")
     messages: list[Message] = []
     reward, turns, tool_calls = 0.0, 0, 0
     info: dict[str, Any] = {}
     terminated = truncated = False
-    base = _plain_base(env)
     try:
         actor = as_agent(agent)
         obs, info = env.reset(seed=seed, options=options)
@@ -70,13 +68,8 @@ def run_episode(
             if not isinstance(action, str):
                 raise TypeError(f"the agent returned {type(action).__name__}, not a string")
             messages.append({"role": "assistant", "content": action})
-            if base is not None:
-                calls = base.plan(action)
-                obs, r, terminated, truncated, info = base.resolve(execute_calls(base.tools, calls))
-                tool_calls += len(calls)
-            else:
-                obs, r, terminated, truncated, info = env.step(action)
-                tool_calls = int(info.get("tool_calls", tool_calls))
+            obs, r, terminated, truncated, info = env.step(action)
+            tool_calls = int(info.get("tool_calls", tool_calls))
             turns += 1
             reward += float(r)
             if obs or not (terminated or truncated):
@@ -86,17 +79,3 @@ def run_episode(
                        error=f"episode {eid}: {type(exc).__name__}: {exc}",
                        terminated=terminated, truncated=truncated, traceback=traceback.format_exc())
     return Episode(eid, messages, reward, turns, tool_calls, dict(info), None, terminated, truncated)
-
-
-# Wrappers that only check or order calls; stepping the base env under them changes nothing.
-_BOOKKEEPING_WRAPPERS = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
-
-
-def _plain_base(env: gym.Env) -> ForkableEnv | None:
-    """The treegym env under ``env`` if nothing but bookkeeping wrappers sit on top of it."""
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if not isinstance(inner, _BOOKKEEPING_WRAPPERS):
-            return None
-        inner = inner.env
-    return inner if isinstance(inner, ForkableEnv) else None

@@ -27,13 +27,12 @@ import gymnasium as gym
 
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.context import Mode, TokenContext, make_context
-from treegym.agents.rollout.types import Budget, Node, Rollout, RolloutBatch, Tree, Turn
-from treegym.envs.core import ForkableEnv, Snapshot
+from treegym.agents.rollout.types import Budget, Node, Prompt, Rollout, RolloutBatch, Tree, Turn, reset_args
+from treegym.envs.core import ForkableEnv, Snapshot, base_env
 from treegym.envs.pool import EnvPool
 from treegym.errors import ConfigError
 
 # A prompt names one task: reset options (e.g. {"task_id": ...}), a seed, or None (random).
-Prompt = Union[dict[str, Any], int, None]
 EnvSource = Union[Callable[[], gym.Env], gym.Env]
 Expansion = Literal["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"]
 EXPANSIONS: tuple[str, ...] = ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")
@@ -72,7 +71,7 @@ class _Sampler:
         self.max_context_tokens = max_context_tokens
         self.ctx = make_context(policy.tokenizer, mode)
         base = make_env() if callable(make_env) and not isinstance(make_env, gym.Env) else make_env
-        self.base = _unwrap(base)
+        self.base = base_env(base, bare=True)
         self.pool = EnvPool()
         self.progress = progress
         s = policy.stats
@@ -82,7 +81,7 @@ class _Sampler:
     def reset_prompt(self, prompt: Prompt) -> tuple[_Root, str, list[int]]:
         """Reset a fork of the base env on ``prompt``: its root env, prompt text and ids."""
         env = self.base.fork()
-        seed, options = _reset_args(prompt)
+        seed, options = reset_args(prompt)
         obs, info = env.reset(seed=seed, options=options)
         return _Root(env, env.snapshot(), dict(info)), obs, self.ctx.prompt_ids(obs)
 
@@ -109,8 +108,7 @@ class _Sampler:
             gens = self.policy.generate([b.context for b in active], self.params)
             if len(gens) != len(active):
                 raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} contexts")
-            self.pool.envs = [b.env for b in active]
-            results = self.pool.step({i: g.text for i, g in enumerate(gens)})
+            results = self.pool.step([b.env for b in active], [g.text for g in gens])
             still: list[_Branch] = []
             for i, (b, g) in enumerate(zip(active, gens)):
                 obs, reward, terminated, truncated, info = results[i]
@@ -358,22 +356,3 @@ def _start_trees(sampler: _Sampler, prompts: Sequence[Prompt], per_prompt: int) 
                               prompt_text=text, info=dict(root.info)))
             roots.append(root)
     return trees, roots
-
-
-def _reset_args(prompt: Prompt) -> tuple[int | None, dict[str, Any] | None]:
-    if prompt is None:
-        return None, None
-    if isinstance(prompt, bool) or not isinstance(prompt, (int, dict)):
-        raise ConfigError(f"a prompt is reset options (dict), a seed (int) or None; got {type(prompt).__name__}")
-    if isinstance(prompt, int):
-        return prompt, None
-    options = dict(prompt)
-    seed = options.pop("seed", None)
-    return seed, options
-
-
-def _unwrap(env: gym.Env) -> ForkableEnv:
-    base = env.unwrapped
-    if not isinstance(base, ForkableEnv):
-        raise ConfigError(f"sampling forks envs, so it needs a treegym env; got {type(base).__name__}")
-    return base

@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from treegym.envs.core import Snapshot
+from treegym.errors import ConfigError
+
+# What a rollout starts from: reset options (``{"task_id": ..., "seed": ...}``), a seed, or None.
+Prompt = Union[dict[str, Any], int, None]
+
+
+def reset_args(prompt: Prompt) -> tuple[int | None, dict[str, Any] | None]:
+    """A prompt as ``env.reset``'s (seed, options): the one place a prompt is read."""
+    if prompt is None:
+        return None, None
+    if isinstance(prompt, bool) or not isinstance(prompt, (int, dict)):
+        raise ConfigError(f"a prompt is reset options (dict), a seed (int) or None; got {type(prompt).__name__}")
+    if isinstance(prompt, int):
+        return prompt, None
+    options = dict(prompt)
+    seed = options.pop("seed", None)
+    return seed, options
 
 
 @dataclass

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from treegym.envs.core import ForkableEnv, StepResult, ToolCall, require_running
+from treegym.envs.core import ForkableEnv, Plan, StepResult, require_running
 from treegym.envs.household.tasks import (
     SPLIT_ALIASES,
     SPLITS,
@@ -154,6 +154,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
             "task_type": task.task_type,
             "invalid_action": invalid,
             "steps": s.steps,
+            "tool_calls": 0,
         }
 
     # ---- contract -------------------------------------------------------------------------
@@ -176,17 +177,15 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         )
         return self.state, opening_prompt(intro), self._info(False)
 
-    def plan(self, action: str) -> list[ToolCall]:
+    def plan(self, action: str) -> Plan:
         # No external tools: the whole step happens in resolve(); plan only parses.
         s = self.state
         require_running(s, s is not None and (s.won or s.steps >= self.max_steps))
-        return self._remember([], parsed=extract_command(action))
+        return self.make_plan((), extract_command(action))
 
-    def resolve(self, results: Sequence[Any]) -> StepResult:
-        _, cmd = self._take_pending()
-        s = self.state
-        if s is None:
-            raise RuntimeError("call reset() first")
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        self.check_plan(plan)
+        cmd, s = plan.parsed, self.state
         world = self.task().world
         action = self._actions(s.game)[0].get(cmd)
         if action is None:
@@ -198,7 +197,10 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         reward = 1.0 if won and not s.won else 0.0
         self.state = HouseholdState(s.task_id, game, s.steps + 1, won)
         truncated = not won and self.state.steps >= self.max_steps
-        return obs, reward, won, truncated, self._info(action is None)
+        info = self._info(action is None)
+        if won or truncated:
+            info["success"] = float(won)
+        return obs, reward, won, truncated, info
 
     def render(self) -> str:
         if self.state is None:

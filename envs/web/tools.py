@@ -89,7 +89,7 @@ def _run_batch(payloads: Sequence[str], one: Callable[[str], Any], prefix: str) 
     return [done[p] for p in payloads]
 
 
-class SearchTool:
+class WebSearchTool:
     """``search``: query -> tuple of SearchResult (or ToolError)."""
 
     def __init__(self, backend: SearchBackend, fetcher: Fetcher, cache: ResponseCache | None, k: int) -> None:

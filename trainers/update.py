@@ -1,0 +1,177 @@
+"""One policy update on a scored batch: the pure loss of a micro-batch (``loss_step``), and the
+``ppo_epochs`` x mini-batches x micro-batches schedule around it (``update``).
+
+Log-probs: the loss scores rollout tokens with the HF model itself at temperature 1. The "old"
+log-probs of the ratio are recomputed with the same code path on the pre-update weights (one
+no-grad forward per chunk), rather than taken from the sampler, so that the ratio is exactly 1
+before the first update whatever the sampling temperature, top-p or kernel differences between
+generation and scoring. The sampler's behaviour log-probs are kept for a diagnostic
+(``logprob_gap``: how far the scorer is from what the sampler saw).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from treegym.agents.rollout.types import Rollout
+from treegym.trainers import runtime as rt
+from treegym.trainers.config import LossConfig
+from treegym.trainers.logprobs import PaddedBatch, TokenScorer
+from treegym.trainers.losses import LossOutput, aggregate, kl_k3
+
+
+def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], lc: LossConfig, logp: Tensor,
+              entropy: Tensor, old_logp: Tensor, advantages: Tensor, weights: Tensor, mask: Tensor,
+              ref_logp: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    """A micro-batch's loss and its named quantities. Pure: tensors in, tensors out.
+
+    The policy loss, minus the entropy bonus, plus the k3 KL to the reference when there is one.
+    """
+    out = loss_fn(logp, old_logp, advantages, mask, weights=weights, **loss_options)
+    loss = out.loss - lc.entropy_coef * aggregate(entropy, mask, lc.agg, lc.constant_normalizer)
+    metrics = dict(out.metrics)
+    if ref_logp is not None:
+        kl = aggregate(kl_k3(logp, ref_logp), mask, lc.agg, lc.constant_normalizer)
+        loss = loss + lc.kl_coef * kl
+        metrics["kl_ref"] = kl.detach()
+    metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    return loss, metrics
+
+
+@dataclass
+class Update:
+    """What an update needs besides the batch: the run's model pieces and its options."""
+
+    trainer: Any  # the scorer, DDP-wrapped under torchrun
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    loss_fn: Callable[..., LossOutput]
+    loss_options: dict[str, Any]
+    cfg: Any  # TrainConfig
+    dist: rt.Dist
+    device: torch.device
+
+
+def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | None, first_order: list[int],
+           n_mini: int, n_micro: int) -> tuple[dict[str, list[float]], bool]:
+    """``ppo_epochs`` x mini-batches x micro-batches over ``data``: per-name lists of the logged
+    quantities, and whether a non-finite input, loss or gradient stopped it.
+
+    Non-finite inputs skip the whole step before any update; a non-finite loss or gradient met
+    later skips the rest of it (weights already stepped came from finite losses). The first
+    mini-batch of the first epoch runs before any update, so its forward fills its own old
+    log-probs (``old_logp`` rows of it are written in place).
+    """
+    cfg, dist, device = u.cfg, u.dist, u.device
+    stats: dict[str, list[float]] = {}
+    bad_inputs = not (torch.isfinite(old_logp).all() and torch.isfinite(data.extras["advantages"]).all())
+    nonfinite = rt.any_rank(bool(bad_inputs), dist, device)
+    fresh = True  # no update yet in this step: the current forward is the old policy
+    mb_size, micro_size = cfg.optim.mini_batch_size, cfg.optim.micro_batch_size
+    for epoch in range(0 if nonfinite else cfg.optim.ppo_epochs):
+        order = first_order if epoch == 0 else torch.randperm(len(data.input_ids)).tolist()
+        for m in range(n_mini):
+            mb = order[m * mb_size : (m + 1) * mb_size]
+            norm = normaliser(data, mb, cfg.loss.agg)
+            u.optimizer.zero_grad(set_to_none=True)
+            for k in range(n_micro):
+                micro = mb[k * micro_size : (k + 1) * micro_size]
+                # Every process runs the same number of forward/backward passes (DDP reduces
+                # gradients in lock-step); an empty micro-batch scores row 0 x 0.
+                rows, scale = (micro, 1.0) if micro else ([0], 0.0)
+                sync = k == n_micro - 1
+                ctx = u.trainer.no_sync() if (dist.on and not sync) else contextlib.nullcontext()
+                with ctx, rt.autocast(device, cfg.model_opts.bf16):
+                    ids, attn, tgt, mask, n = take(data, rows, device)
+                    logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
+                    if fresh and micro:
+                        old_logp[micro, :n] = logp.detach().float().cpu()
+                    loss, metrics = loss_step(
+                        u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
+                        data.extras["advantages"][rows, :n].to(device), data.extras["weights"][rows, :n].to(device),
+                        mask, None if ref_logp is None else ref_logp[rows, :n].to(device))
+                    loss = loss * scale * micro_share(data, micro, norm, cfg.loss.agg)
+                if rt.any_rank(not torch.isfinite(loss).item(), dist, device):
+                    return stats, True
+                loss.backward()
+                if micro:
+                    for key, value in metrics.items():
+                        stats.setdefault(key, []).append(float(value))
+            grad_norm = torch.nn.utils.clip_grad_norm_(u.params, cfg.optim.max_grad_norm)
+            if rt.any_rank(not math.isfinite(float(grad_norm)), dist, device):
+                return stats, True
+            stats.setdefault("grad_norm", []).append(float(grad_norm))
+            # A mini-batch whose advantages are all 0 has an exactly-zero gradient (on every
+            # rank: it is reduced). AdamW would still move every weight by about lr on its stale
+            # momentum, and with a sparse reward most steps are such steps.
+            empty = cfg.optim.skip_empty_steps and float(grad_norm) == 0.0
+            stats.setdefault("empty_steps", []).append(float(empty))
+            if not empty:
+                u.optimizer.step()
+                fresh = False
+    return stats, nonfinite
+
+
+# ---- scoring helpers (pure, or no-grad forwards) ---------------------------------------------
+
+
+def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device, *, rows: list[int] | None = None) -> Tensor:
+    """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad."""
+    every = list(range(len(data.input_ids))) if rows is None else rows
+    out = torch.zeros((len(every), data.mask.shape[1]))
+    with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
+        for start in range(0, len(every), cfg.optim.micro_batch_size):
+            chunk = every[start : start + cfg.optim.micro_batch_size]
+            ids, attn, tgt, mask, n = take(data, chunk, device)
+            logp, _ = scorer(ids, attn, tgt, mask, with_entropy=False)
+            out[start : start + len(chunk), :n] = logp.float().cpu()
+    return out
+
+
+def take(data: PaddedBatch, rows: list[int], device: torch.device) -> tuple[Any, ...]:
+    """The model inputs of ``rows``, trimmed to their own longest rollout; and the target width."""
+    width = int(data.attention_mask[rows].sum(-1).max())
+    n = width - 1
+    return (data.input_ids[rows, :width].to(device), data.attention_mask[rows, :width].to(device),
+            data.targets[rows, :n].to(device), data.mask[rows, :n].to(device), n)
+
+
+def normaliser(data: PaddedBatch, rows: list[int], agg: str) -> float:
+    """The mini-batch's token count (token-mean) or sequence count (seq-mean)."""
+    if not rows:
+        return 1.0
+    if agg == "token-mean":
+        return max(float(data.mask[rows].sum()), 1.0)
+    if agg == "seq-mean":
+        return max(float((data.mask[rows].sum(-1) > 0).sum()), 1.0)
+    return 1.0
+
+
+def micro_share(data: PaddedBatch, rows: list[int], norm: float, agg: str) -> float:
+    """Scale a micro-batch's own mean so that the accumulated sum is the mini-batch's mean."""
+    if not rows or agg == "constant":
+        return 1.0
+    if agg == "token-mean":
+        return float(data.mask[rows].sum()) / norm
+    return float((data.mask[rows].sum(-1) > 0).sum()) / norm
+
+
+def logprob_gap(data: PaddedBatch, logp: Tensor) -> float:
+    """Mean |scorer - sampler| log-prob on action tokens (meaningful at temperature 1, top-p 1)."""
+    m = data.mask
+    return float(((logp - data.behaviour_logprobs).abs() * m).sum() / m.sum().clamp(min=1.0))
+
+
+def zero_share(advantages: list[Tensor], rollouts: list[Rollout]) -> float:
+    """Share of action tokens whose advantage is exactly 0 (they carry no learning signal)."""
+    masks = [torch.tensor(r.loss_mask, dtype=torch.bool) for r in rollouts]
+    total = sum(int(m.sum()) for m in masks)
+    zero = sum(int(((a == 0) & m).sum()) for a, m in zip(advantages, masks))
+    return zero / total if total else 0.0
