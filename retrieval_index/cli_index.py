@@ -19,7 +19,8 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedder",
         default=DEFAULT_EMBEDDER,
-        help="'minilm' (default, offline all-MiniLM-L6-v2), a local model folder, or 'e5:<folder>' for e5 prefixes",
+        help="'minilm' (default: offline all-MiniLM-L6-v2 on each text's first 24 tokens; 'minilm@256' reads 256), "
+        "a local model folder, or 'e5:<folder>' for e5 prefixes; '@N' reads N tokens",
     )
     parser.add_argument("--limit", type=int, default=None, help="index only the first N documents (a test slice)")
 
