@@ -7,6 +7,9 @@ Baselines, measured side by side in the same run:
   it pays every search again).
 
 Targets (issue 2): median fork <= 50 µs, turn-10 / turn-1 <= 1.5.
+
+Through ``gym.make``'s wrappers (issue 11): ``treegym.envs.fork(wrapped)`` against the bare
+env's ``fork()`` and against ``copy.deepcopy(wrapped)``, side by side. Target: at most 2x bare.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import time
 
 import gymnasium as gym
 
-import treegym  # noqa: F401  (registers the envs)
+import treegym  # registers the envs
+import treegym.envs
 
 
 def _median_us(fn, repeats: int) -> float:
@@ -59,6 +63,16 @@ def main() -> None:
         replay_us = _median_us(replay, args.replay_repeats)
         results[turns] = fork_us
         print(f"{turns:>5} {fork_us:>9.1f} {deep_us:>12.1f} {replay_us:>11.1f} {deep_us / fork_us:>14.0f}x {replay_us / fork_us:>11.0f}x")
+    wrapped = gym.make("TreeSearchQA-v0", corpus_limit=args.corpus_limit, max_turns=50)
+    wrapped.reset(seed=0)
+    wrapped.step("<search>Rome</search>")
+    bare = wrapped.unwrapped
+    bare_us = _median_us(bare.fork, args.repeats)
+    wrapped_us = _median_us(lambda: treegym.envs.fork(wrapped), args.repeats)
+    deep_wrapped_us = _median_us(lambda: copy.deepcopy(wrapped), max(20, args.repeats // 10))
+    print(f"gym.make env ({type(wrapped).__name__} over {type(bare).__name__}): bare fork {bare_us:.1f} µs, "
+          f"treegym.envs.fork {wrapped_us:.1f} µs ({wrapped_us / bare_us:.2f}x bare; target <= 2), "
+          f"copy.deepcopy {deep_wrapped_us:.1f} µs ({deep_wrapped_us / bare_us:.1f}x bare)")
     growth = results[10] / results[1]
     print(f"turn-10 / turn-1 fork latency: {growth:.2f} (target <= 1.5); median at turn 10: {results[10]:.1f} µs (target <= 50)")
 

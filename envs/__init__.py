@@ -36,21 +36,32 @@ def fork(env: gym.Env) -> gym.Env:
     while isinstance(inner, gym.Wrapper):
         chain.append(inner)
         inner = inner.env
-    new = base_env(inner).fork()
+    if not isinstance(inner, ForkableEnv):
+        base_env(inner)  # raises, naming what it is
+    new = inner.fork()
     for wrapper in reversed(chain):
         new = _copy_wrapper(wrapper, new)
     return new
 
 
-_SHARED = (int, float, bool, str, bytes, type(None), frozenset, gym.Space, EnvSpec)
+_ATOMIC = frozenset({int, float, bool, str, bytes, type(None), frozenset})
+_SHARED = (gym.Space, EnvSpec)
+# gymnasium's record of a wrapper's constructor arguments (written once, only read after), and
+# PassiveEnvChecker's last (obs, info), kept only to test identity.
+_SHARED_KEYS = frozenset({"env", "_saved_kwargs", "_previous_data"})
+_BOOKKEEPING = frozenset({gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker})
 
 
 def _copy_wrapper(wrapper: gym.Wrapper, inner: gym.Env) -> gym.Wrapper:
-    new = copy.copy(wrapper)
-    for key, value in wrapper.__dict__.items():
-        if key != "env" and not isinstance(value, _SHARED):
-            new.__dict__[key] = copy.deepcopy(value)
-    new.env = inner
+    cls = type(wrapper)
+    new = object.__new__(cls)
+    state = wrapper.__dict__.copy()
+    if cls not in _BOOKKEEPING:  # their attributes are flags and shared records only
+        for key, value in state.items():
+            if type(value) not in _ATOMIC and key not in _SHARED_KEYS and not isinstance(value, _SHARED):
+                state[key] = copy.deepcopy(value)
+    state["env"] = inner
+    new.__dict__ = state
     return new
 
 

@@ -11,7 +11,7 @@ import copy
 import hashlib
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,8 +253,3 @@ def eval_prompts(ids: list[Any] | None, n: int) -> list[Any]:
     if ids is None:
         return [10**9 + i for i in range(n)]
     return [{"task_id": t} for t in ids[:n]]
-
-
-def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(seq), size):
-        yield seq[i : i + size]
