@@ -37,6 +37,8 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.error import CustomSpaceError
+from gymnasium.vector.utils import create_shared_memory
 
 from treegym.errors import TreegymError
 
@@ -68,6 +70,14 @@ class UnicodeText(spaces.Text):
             and self.min_length == other.min_length
             and self.max_length == other.max_length
         )
+
+
+@create_shared_memory.register(UnicodeText)
+def _no_shared_memory_for_text(space: UnicodeText, n: int = 1, ctx: Any = None) -> Any:
+    # gymnasium 1.x's AsyncVectorEnv reads a Text buffer once, at construction, so with
+    # shared_memory=True every later observation comes back stale ("000..."); and the buffer
+    # encodes only Text's alphanumeric charset. Refusing makes AsyncVectorEnv say so.
+    raise CustomSpaceError(f"{space} cannot go through shared memory: use AsyncVectorEnv(..., shared_memory=False)")
 
 
 @dataclass(frozen=True)
