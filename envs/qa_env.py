@@ -10,8 +10,7 @@ tool tag needs (``tool_calls``), and turns a tool's result into the state and th
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
@@ -22,17 +21,6 @@ from treegym.envs.rewards import qa_reward
 from treegym.errors import ConfigError
 from treegym.retrieval_index.qa import SPLITS as QA_SPLITS
 from treegym.retrieval_index.types import QAItem
-
-_SHARED: dict[tuple, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared(key: tuple, build: Callable[[], Any]) -> Any:
-    """One backend or dataset per configuration per process, shared by every env and fork."""
-    with _SHARED_LOCK:
-        if key not in _SHARED:
-            _SHARED[key] = build()
-        return _SHARED[key]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treegym.envs.core import ToolCall, ToolError
-from treegym.envs.qa_env import QAEnv, QAState, shared
+from treegym.envs.qa_env import QAEnv, QAState
 from treegym.envs.react import INVALID_ACTION_MESSAGE, ParsedAction, format_information
 from treegym.errors import ConfigError
 from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
@@ -113,22 +113,21 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
         if corpus == "synthetic":
             from treegym.retrieval_index.synthetic import synthetic_world
 
-            world = shared(("synthetic", synthetic_passages, seed or 0), lambda: synthetic_world(passages=synthetic_passages, seed=seed or 0))
+            world = synthetic_world(passages=synthetic_passages, seed=seed or 0)
             corpus_path = str(world.corpus_path)
             if items is None and dataset is None:
                 items = world.questions(split, hops=hops)
         if retriever is None:
             from treegym.retrieval_index import open_retriever
 
-            key = ("retriever", corpus_path, index, embedder, retriever_url, corpus_limit)
-            retriever = shared(key, lambda: open_retriever(corpus=corpus_path, index=index, embedder=embedder, url=retriever_url, limit=corpus_limit))
+            retriever = open_retriever(corpus=corpus_path, index=index, embedder=embedder, url=retriever_url, limit=corpus_limit)
         self.retriever = retriever
         self.tools = {"search": RetrievalTool(retriever, topk)}
 
         if items is None:
             from treegym.retrieval_index.qa import load_qa
 
-            items = shared(("qa", dataset or "wiki", split, tuple(question_types or ())), lambda: load_qa(dataset or "wiki", split=split, types=question_types))
+            items = load_qa(dataset or "wiki", split=split, types=question_types)
         items = list(items)
         if hops is not None and corpus != "synthetic":
             items = [it for it in items if it.hops == hops]
@@ -136,7 +135,7 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
         if retriever_url is None:
             from treegym.retrieval_index import load_corpus_docs
 
-            docs = shared(("docs", corpus_path, corpus_limit), lambda: load_corpus_docs(corpus_path, corpus_limit))
+            docs = load_corpus_docs(corpus_path, corpus_limit)
             titles = {d.id: d.title for d in docs}
             if corpus_limit is not None:
                 items = [it for it in items if it.supporting_ids and set(it.supporting_ids) <= titles.keys()]

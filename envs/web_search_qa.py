@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from treegym.envs.core import ToolCall
-from treegym.envs.qa_env import QAEnv, QAState, shared
+from treegym.envs.qa_env import QAEnv, QAState
 from treegym.envs.react import ParsedAction
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
@@ -54,6 +55,19 @@ class WebState(QAState):
 
     queries: tuple[str, ...] = ()
     visited: tuple[tuple[str, int], ...] = ()  # (url, part) in the order read
+
+
+_TOOLS: dict[tuple, dict[str, Any]] = {}
+_TOOLS_LOCK = threading.Lock()
+
+
+def cached_tools(key: tuple, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One set of tools per configuration per process: envs built alike share them, so an
+    EnvPool batches all their requests (it batches calls per tool object)."""
+    with _TOOLS_LOCK:
+        if key not in _TOOLS:
+            _TOOLS[key] = build()
+        return _TOOLS[key]
 
 
 def format_results(query: str, results: Sequence[SearchResult]) -> str:
@@ -193,7 +207,7 @@ class WebSearchQAEnv(QAEnv[WebState]):
         # requests in one concurrent batch (it batches calls per tool object).
         self.guard = AddressGuard.of(allow)
         key = ("tools", backend.name, topk, self.http, id(self.cache), self.guard)
-        self.tools = shared(key, lambda: {
+        self.tools = cached_tools(key, lambda: {
             "search": WebSearchTool(self.backend, shared_fetcher(self.http), self.cache, topk),
             "browse": BrowseTool(shared_fetcher(self.http), self.cache, self.guard),
         })
@@ -203,7 +217,7 @@ class WebSearchQAEnv(QAEnv[WebState]):
 
             items = synthetic_world(passages=synthetic_passages, seed=0).questions(split)
         if items is None:
-            items = shared(("qa", dataset, split, tuple(question_types or ())), lambda: load_qa(dataset, split=split, types=question_types))
+            items = load_qa(dataset, split=split, types=question_types)
         self.set_items(items, f"no questions in dataset {dataset!r}, split {split!r}, types {question_types}")
 
     # ---- the QAEnv hooks ------------------------------------------------------------------

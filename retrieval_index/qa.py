@@ -27,6 +27,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -285,11 +286,16 @@ def _item_from_record(r: dict) -> QAItem:
 # ---- loading ---------------------------------------------------------------------------------
 
 
+_READ_FILES: dict[tuple, tuple[QAItem, ...]] = {}
+_FILES_LOCK = threading.Lock()
+
+
 def load_qa(name: str = "wiki", split: str = "train", types: Sequence[str] | None = None) -> list[QAItem]:
     """Questions by name: ``"wiki"`` (built-in), or a Search-R1 ``.parquet`` / FlashRAG ``.jsonl`` file.
 
     ``split`` is ``train``, ``dev``, ``test`` or ``all``. A data file holds one split, so for a
-    file ``split`` only labels its items. ``types`` keeps only those question types.
+    file ``split`` only labels its items. ``types`` keeps only those question types. Both the
+    built-in set and a file are read once per process; every env and fork shares them.
     """
     if split not in (*SPLITS, "all"):
         raise ConfigError(f"unknown split {split!r}; valid splits: {', '.join((*SPLITS, 'all'))}")
@@ -304,7 +310,12 @@ def load_qa(name: str = "wiki", split: str = "train", types: Sequence[str] | Non
         path = Path(name).expanduser()
         if not path.exists():
             raise ConfigError(f"unknown QA data {name!r}: use 'wiki' (built-in) or a path to a .parquet or .jsonl file")
-        items = read_qa_file(path, split=split)
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, split)
+        with _FILES_LOCK:
+            if key not in _READ_FILES:  # read once per process (and again only if the file changes)
+                _READ_FILES[key] = tuple(read_qa_file(path, split=split))
+        items = list(_READ_FILES[key])
         valid_types = sorted({it.type for it in items})
     if types:
         unknown = [t for t in types if t not in valid_types]

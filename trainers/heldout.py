@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from treegym.agents.eval import Interval, bootstrap_interval, wilson_interval
-from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.policy import Policy
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.envs.core import success
+from treegym.trainers import runtime as rt
 from treegym.trainers.config import TrainConfig
 
 
@@ -77,7 +78,7 @@ def evaluate_policy(policy: Policy, env: Any, prompts: Sequence[Any], cfg: Train
     if not prompts:
         return None
     s = cfg.sampler
-    params = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=s.max_new_tokens, ignore_eos=s.ignore_eos)
+    params = rt.sampling_params(cfg, temperature=temperature, top_p=1.0)
     batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
                           max_context_tokens=s.max_context_tokens)
     return heldout_from_batch(batch)

@@ -197,8 +197,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device) -
     policy = rt.make_policy(model, tokenizer, seed=cfg.seed * 1000 + dist.rank)
     generators = rt.policy_generators(policy)
     env = rt.make_env(cfg, cfg.run.train_split)
-    sampling = SamplingParams(temperature=cfg.sampler.temperature, top_p=cfg.sampler.top_p,
-                              max_new_tokens=cfg.sampler.max_new_tokens, ignore_eos=cfg.sampler.ignore_eos)
+    sampling = rt.sampling_params(cfg)
     state = TrainState()
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
     if loaded is not None:

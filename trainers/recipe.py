@@ -66,7 +66,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
-        "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens],
+        "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, s.stop_at_newline],
     }  # fmt: skip
 
 

@@ -202,6 +202,16 @@ def policy_generators(policy: Any) -> dict[str, torch.Generator]:
 # ---- envs and prompts ---------------------------------------------------------------------------
 
 
+def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> Any:
+    """The sampler section as ``SamplingParams`` (``temperature``/``top_p`` override it: evals)."""
+    from treegym.agents.policy import STOP_STRINGS, SamplingParams
+
+    s = cfg.sampler
+    return SamplingParams(temperature=s.temperature if temperature is None else temperature,
+                          top_p=s.top_p if top_p is None else top_p, max_new_tokens=s.max_new_tokens,
+                          stop=(*STOP_STRINGS, "\n") if s.stop_at_newline else STOP_STRINGS, ignore_eos=s.ignore_eos)
+
+
 def train_env_id(cfg: TrainConfig) -> str:
     """The id the run trains on: the env's registered training variant, if it has one."""
     return env_registry.training_id(cfg.env)

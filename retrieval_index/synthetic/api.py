@@ -8,6 +8,7 @@ that drops any question the oracle cannot answer through retrieval) and returns 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -60,6 +61,10 @@ def _load_questions(path: Path, mtime_ns: int) -> tuple[QAItem, ...]:
     return tuple(read_questions(path))
 
 
+_WORLDS: dict[str, SyntheticWorld] = {}
+_WORLDS_LOCK = threading.Lock()
+
+
 def synthetic_world(
     passages: int = 2000, seed: int = 0, hops: int | None = None, progress: bool = False
 ) -> SyntheticWorld:
@@ -70,9 +75,10 @@ def synthetic_world(
     if hops is not None and (isinstance(hops, bool) or not isinstance(hops, int) or not 1 <= hops <= MAX_HOPS):
         raise ConfigError(f"hops={hops!r}: choose None (all) or a hop count between 1 and {MAX_HOPS}")
     name = f"{GENERATOR_VERSION}-p{passages}-s{seed}-h{hops or 'all'}"
-    folder = cache_dir("synthetic", name)
-    world = SyntheticWorld(folder)
-    if (folder / MANIFEST_FILE).exists():
-        return world
-    write_world(folder, passages, seed, hops=hops, validate="bm25", progress=progress)
-    return world
+    with _WORLDS_LOCK:  # one world object per process: every env and fork shares it
+        if name not in _WORLDS:
+            folder = cache_dir("synthetic", name)
+            if not (folder / MANIFEST_FILE).exists():
+                write_world(folder, passages, seed, hops=hops, validate="bm25", progress=progress)
+            _WORLDS[name] = SyntheticWorld(folder)
+        return _WORLDS[name]
