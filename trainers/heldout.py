@@ -70,17 +70,27 @@ def heldout_from_batch(batch: RolloutBatch) -> HeldOut:
 
 
 def evaluate_policy(policy: Policy, env: Any, prompts: Sequence[Any], cfg: TrainConfig, mode: str,
-                    temperature: float) -> HeldOut | None:
+                    temperature: float, progress: bool = False) -> HeldOut | None:
     """``policy`` on ``prompts``: one chain each, with the trainer's turn budget and context
-    (the caller holds no_grad and autocast); None when there are no prompts."""
+    (the caller holds no_grad and autocast); None when there are no prompts. ``progress`` shows
+    a bar of agent turns (at most prompts x max_turns)."""
     from treegym.agents.rollout.samplers import sample_chains
 
     if not prompts:
         return None
     s = cfg.sampler
     params = rt.sampling_params(cfg, temperature=temperature, top_p=1.0)
-    batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
-                          max_context_tokens=s.max_context_tokens)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts) * s.max_turns, desc=f"held-out eval ({len(prompts)} prompts)", unit="turn", leave=False)
+    try:
+        batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
+                              max_context_tokens=s.max_context_tokens, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     return heldout_from_batch(batch)
 
 

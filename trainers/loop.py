@@ -75,7 +75,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     folder: Path | None = None
     try:
         folder = _open_folder(cfg, dist)
-        run = setup(cfg, folder, dist, device)
+        run = setup(cfg, folder, dist, device, progress)
         bar = tqdm(total=cfg.steps, initial=run.state.step, desc=f"{cfg.algo} on {cfg.env}",
                    disable=not (progress and dist.main))
         while run.state.step < cfg.steps and not _budget_spent(cfg, run.state):
@@ -143,6 +143,7 @@ class Run:
     log: RunLog | None
     last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
+    progress: bool = False
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
         with torch.no_grad(), rt.autocast(self.device, self.cfg.model_opts.bf16):
@@ -156,7 +157,8 @@ class Run:
         temperature = cfg.run.eval_temperature if temperature is None else temperature
         prompts = rt.eval_prompts(rt.task_ids(self.eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
         with torch.no_grad(), rt.autocast(self.device, cfg.model_opts.bf16):
-            local = evaluate_policy(self.policy, self.eval_env, prompts, cfg, self.mode, temperature)
+            local = evaluate_policy(self.policy, self.eval_env, prompts, cfg, self.mode, temperature,
+                                    progress=self.progress and dist.main)
         return HeldOut.merge(rt.gather_objects(local, dist))
 
     def evaluate(self, temperature: float | None = None) -> float | None:
@@ -184,7 +186,7 @@ class StepMetrics:
         return self.values[key]
 
 
-def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device) -> Run:
+def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, progress: bool = False) -> Run:
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; EM before."""
     algo = get_algorithm(cfg.algo)
     rt.seed_everything(cfg.seed * 1000 + dist.rank)
@@ -209,7 +211,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device) -
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     run = Run(cfg, folder, dist, device, algo, model, tokenizer, scorer, rt.frozen_copy(model) if cfg.loss.use_kl else None,
               updater, policy, generators, env, rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
-              rt.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log)
+              rt.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log,
+              progress=progress)
     if "em_before" not in state.extra:
         before = run.evaluate_heldout()
         state.extra["em_before"] = None if before is None else before.em_rate

@@ -91,7 +91,8 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         raise ConfigError("the warm start is not cached yet: build it once in a single process "
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
-    untrained = evaluate_model(cfg, cfg.model)
+    log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
+    untrained = evaluate_model(cfg, cfg.model, progress=progress)
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: EM {untrained.em_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
@@ -114,7 +115,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     return WarmStart(folder, False, time.perf_counter() - t0, result.examples, untrained)
 
 
-def evaluate_model(cfg: TrainConfig, model_spec: str) -> HeldOut | None:
+def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) -> HeldOut | None:
     """``model_spec`` on the run's held-out prompts, with the trainer's own protocol."""
     if not cfg.run.eval_n:
         return None
@@ -132,7 +133,8 @@ def evaluate_model(cfg: TrainConfig, model_spec: str) -> HeldOut | None:
     prompts = rt.eval_prompts(rt.task_ids(env), cfg.run.eval_n)
     mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
     with torch.no_grad(), rt.autocast(torch.device(device), cfg.model_opts.bf16):
-        return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature)
+        return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature,
+                               progress=progress)
 
 
 def _device(cfg: TrainConfig) -> str:
