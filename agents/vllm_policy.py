@@ -1,47 +1,78 @@
 """The vLLM policy backend (GPU): the ``Policy`` interface over an in-process ``vllm.LLM``.
 
 vLLM is an optional extra (``pip install 'treegym[vllm]'``) and is imported only when a
-``VLLMPolicy`` is built. Prefix caching is on, so branches of one tree share the KV blocks of
-their common prefix; ``stats.prefill_tokens`` counts the prompt tokens vLLM did not find in
-its cache (``RequestOutput.num_cached_tokens``).
+``VLLMPolicy`` is built; nothing in treegym imports it at module import time. This module is
+the only one that talks to vLLM, and everything it relies on is listed in ``VLLM_API`` below
+(written against vLLM 0.33's documented ``LLM`` API): a vLLM release that renames something
+needs a change there and nowhere else.
 
-Log-probs: vLLM reports the sampled token's log-prob under the raw model distribution
-(temperature 1, before top-p; its default ``logprobs_mode``). That equals ``HFPolicy`` at
-T = 1, which is how the trainers sample; at other temperatures HFPolicy reports the tempered
-distribution instead.
-
-Weight sync: ``load_weights(named_tensors)`` pushes trained weights into the running engine
-(the engine runs in this process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the model object is
-reachable; otherwise the weights go through ``collective_rpc`` to the workers) and then drops
-the prefix cache, whose KV came from the old weights.
+- Prefix caching is on, so branches of one tree share the KV blocks of their common prefix;
+  ``stats.prefill_tokens`` counts the prompt tokens vLLM did not find in its cache.
+- Colocated training: the engine core runs in this process, and with ``sleep_mode`` the
+  trainer calls ``sleep()`` before its update (the KV cache and the engine's weights leave
+  the GPU) and ``load_weights(...)`` after it (wake the weights, load the new ones, wake the
+  KV cache, drop every cached prefix: its KV came from the old weights).
+- Log-probs: vLLM reports the sampled token's log-prob under the raw model distribution
+  (temperature 1, before top-p). The trainer never uses them for the ratio: it recomputes the
+  old log-probs itself (with prefix caching vLLM's can be stale, vLLM PR #42245); they feed
+  the ``logprob_gap`` diagnostic only.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.errors import MissingPackageError, TreegymError
 
 
-def _import_vllm() -> Any:
+@dataclass(frozen=True)
+class VLLMApi:
+    """The version-dependent parts of vLLM that this module uses, in one place."""
+
+    # Environment switch that keeps the V1 engine core in this process, so that
+    # ``LLM.apply_model`` runs its function here on the engine's own nn.Module (no pickling
+    # of the function or of the weights).
+    in_process_env: tuple[str, str] = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # ``LLM(...)`` keyword arguments.
+    prefix_caching_kwarg: str = "enable_prefix_caching"
+    sleep_mode_kwarg: str = "enable_sleep_mode"
+    # ``LLM.sleep(level=2)`` discards weights and KV cache (we load new weights anyway);
+    # ``LLM.wake_up(tags=...)`` brings back the weight memory first, the KV cache after.
+    sleep_level: int = 2
+    wake_weights: tuple[str, ...] = ("weights",)
+    wake_kv_cache: tuple[str, ...] = ("kv_cache",)
+    # ``SamplingParams(logprobs=0)``: the sampled token's own log-prob only.
+    sampled_logprob_only: int = 0
+    # ``RequestOutput`` attribute: prompt tokens served from the prefix cache.
+    cached_tokens_attr: str = "num_cached_tokens"
+
+
+VLLM_API = VLLMApi()
+
+
+def import_vllm() -> Any:
+    """``vllm``, or a one-line MissingPackageError."""
     try:
         import vllm
     except ImportError as exc:
-        raise MissingPackageError(
-            "vllm", "the vLLM policy backend", install="pip install 'treegym[vllm]'"
-        ) from exc
+        raise MissingPackageError("vllm", "the vLLM policy backend (sampler.backend=vllm)",
+                                  install="pip install 'treegym[vllm]'") from exc
     return vllm
 
 
 class VLLMPolicy:
-    """A ``Policy`` over vLLM with prefix caching.
+    """A ``Policy`` over vLLM with prefix caching (and, for training, sleep mode).
 
     Args:
         spec: ``"smollm2"`` (the converted safetensors folder) or a local HF model folder.
-        gpu_memory_utilization, max_model_len, dtype, seed: passed to ``vllm.LLM``.
+        gpu_memory_utilization: share of the GPU's memory the engine may take (weights + KV).
+        max_model_len, dtype, seed, enforce_eager: passed to ``vllm.LLM``.
+        sleep_mode: allow ``sleep()`` (training colocated with the engine on one GPU).
         llm_kwargs: any other ``vllm.LLM`` argument.
     """
 
@@ -53,42 +84,36 @@ class VLLMPolicy:
         max_model_len: int = 8192,
         dtype: str = "auto",
         seed: int = 0,
+        sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
-        vllm = _import_vllm()
+        vllm = import_vllm()
         from transformers import AutoTokenizer
 
         from treegym.agents.models import resolve_model_folder
 
         folder = resolve_model_folder(spec)
-        # Keep the engine core in this process, so that trained weights can be loaded in place.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        name, value = VLLM_API.in_process_env
+        os.environ.setdefault(name, value)
         self._vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.llm = vllm.LLM(
-            model=str(folder),
-            enable_prefix_caching=True,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            seed=seed,
-            **llm_kwargs,
-        )
+        kwargs = {VLLM_API.prefix_caching_kwarg: True, **({VLLM_API.sleep_mode_kwarg: True} if sleep_mode else {})}
+        self.llm = vllm.LLM(model=str(folder), gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, dtype=dtype, seed=seed, **kwargs, **llm_kwargs)
+        self.sleep_mode = sleep_mode
+        self.asleep = False
+        self.weight_pushes = 0
         self.stats = PolicyStats()
 
     def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per context (shared prefixes hit vLLM's prefix cache)."""
+        if self.asleep:
+            raise TreegymError("the vLLM engine is asleep: load_weights() wakes it after an update")
         sampling = self._vllm.SamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None,
-            include_stop_str_in_output=True,
-            logprobs=0,  # the sampled token's own log-prob only
-            seed=params.seed,
-            ignore_eos=params.ignore_eos,
-        )
+            n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None, include_stop_str_in_output=True,
+            logprobs=VLLM_API.sampled_logprob_only, seed=params.seed, ignore_eos=params.ignore_eos,
+        )  # fmt: skip
         prompts = [{"prompt_token_ids": [int(t) for t in c]} for c in contexts]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         out = []
@@ -100,36 +125,38 @@ class VLLMPolicy:
                 raise TreegymError("vLLM returned no log-probs for some sampled tokens")
             finish = "length" if done.finish_reason == "length" else "stop"
             out.append(Generation(ids, logprobs, done.text, finish))
-            cached = int(getattr(request, "num_cached_tokens", 0) or 0)
+            cached = int(getattr(request, VLLM_API.cached_tokens_attr, 0) or 0)
             self.stats.prefill_tokens += len(ctx) - cached
             self.stats.reused_tokens += cached
             self.stats.generated_tokens += len(ids)
         self.stats.calls += 1
         return out
 
-    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Load ``(name, tensor)`` pairs (HF parameter names) into the engine, then drop stale KV."""
-        named = list(weights)
-        model = self._local_model()
-        if model is not None:
-            model.load_weights(named)
-        else:
-            self.llm.collective_rpc(_load_on_worker, args=(named,))
+    def clear_cache(self) -> None:
+        """Drop every cached prefix (its KV came from other weights)."""
         self.llm.reset_prefix_cache()
 
-    def _local_model(self) -> Any:
-        """The engine's torch model when the engine runs in this process, else None."""
-        executor = getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
-        worker = getattr(executor, "driver_worker", None)
-        for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
-            obj = worker
-            for name in path:
-                obj = getattr(obj, name, None)
-            if obj is not None and hasattr(obj, "load_weights"):
-                return obj
-        return None
+    def sleep(self) -> None:
+        """Free the engine's GPU memory for the update (no-op without sleep mode)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=VLLM_API.sleep_level)
+            self.asleep = True
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load ``(name, tensor)`` pairs (HF parameter names) into the engine, waking it if it
+        sleeps, then drop the prefix cache."""
+        named = list(weights)
+        if self.asleep:
+            self.llm.wake_up(tags=list(VLLM_API.wake_weights))
+        self.llm.apply_model(functools.partial(_load_into_model, named))
+        if self.asleep:
+            self.llm.wake_up(tags=list(VLLM_API.wake_kv_cache))
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+        self.weight_pushes += 1
 
 
-def _load_on_worker(worker: Any, named: list[tuple[str, Any]]) -> None:
-    """Runs inside each vLLM worker (``collective_rpc`` passes the worker first)."""
-    worker.model_runner.model.load_weights(named)
+def _load_into_model(named: list[tuple[str, Any]], model: Any) -> None:
+    """Runs on the engine's nn.Module (``LLM.apply_model``); vLLM's ``load_weights`` maps HF
+    names onto its fused layers (qkv, gate-up) and skips a tied LM head."""
+    model.load_weights(named)

@@ -109,20 +109,31 @@ def test_nonfinite_loss_skips_steps_and_three_in_a_row_stop_the_run(
     assert all(torch.equal(initial[k], v) for k, v in saved["model"].items())
 
 
-def test_two_process_data_parallel_replicas_stay_identical(tiny_model: Path, tmp_path: Path) -> None:
+def torchrun_train(model: Path, out: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+    """``treegym train`` in two gloo processes on the tiny task (GRPO, 3 steps by default)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "treegym.cli", "train", "--algo", "grpo", "--env", "tiny_task:TinyKeysEnv", "--model", str(tiny_model),
-           "--steps", "3", "--out", str(tmp_path), "--name", "ddp", "--no-progress", "--max_new_tokens=1",
+           "-m", "treegym.cli", "train", "--algo", "grpo", "--env", "tiny_task:TinyKeysEnv", "--model", str(model),
+           "--steps", "3", "--out", str(out), "--name", name, "--no-progress", "--max_new_tokens=1",
            "--prompts_per_step=2", "--group_size=4", "--optim.lr=1e-2", "--mini_batch_size=4", "--micro_batch_size=2",
-           "--run.eval_n=2", "--run.tensorboard=false"]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+           "--run.eval_n=2", "--run.tensorboard=false", *extra]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("ddp")
+    return torchrun_train(tiny_model, out, "ddp"), out / "ddp"
+
+
+def test_two_process_data_parallel_replicas_stay_identical(tiny_model: Path, ddp_run: Any) -> None:
+    proc, folder = ddp_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["world"] == 2
     a, b = summary["replica_digests"]
     assert a == b
@@ -130,6 +141,55 @@ def test_two_process_data_parallel_replicas_stay_identical(tiny_model: Path, tmp
 
     assert a != weights_digest(AutoModelForCausalLM.from_pretrained(tiny_model))  # it did train
     assert "after RL" in proc.stdout and "gain before RL -> after RL" in proc.stdout
+
+
+def fsdp_skip_reason() -> str | None:
+    """Why FSDP2 cannot run here (None: it can). torch >= 2.6 ships fully_shard with gloo support."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError as exc:
+        return f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2): {exc}"
+    import torch.distributed as torch_dist
+
+    if not torch_dist.is_gloo_available():
+        return f"torch {torch.__version__} was built without the gloo backend, which FSDP2 on CPU needs"
+    return None
+
+
+def test_fsdp_shards_train_the_same_model_as_ddp_and_resume(tiny_model: Path, ddp_run: Any, tmp_path: Path) -> None:
+    if (reason := fsdp_skip_reason()) is not None:
+        pytest.skip(reason)
+    # Two steps, stop (keeping the resumable checkpoint), then resume to the DDP run's three.
+    cut = torchrun_train(tiny_model, tmp_path, "fsdp", "--steps", "2", "--model_opts.parallel=fsdp",
+                         "--run.keep_checkpoints=true")
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    saved = torch.load(list_checkpoints(tmp_path / "fsdp" / "checkpoints")[-1], weights_only=False)
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trainable = {n: p for n, p in initial.named_parameters()}
+    # rank 0 wrote whole (gathered) weights, and AdamW's state keyed by parameter name
+    assert {k: v.shape for k, v in saved["model"].items()} == {k: v.shape for k, v in trainable.items()}
+    assert set(saved["optimizer"]["state"]) == set(trainable)
+    proc = torchrun_train(tiny_model, tmp_path, "fsdp", "--model_opts.parallel=fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout
+    summary = json.loads((tmp_path / "fsdp" / "summary.json").read_text())
+    assert summary["world"] == 2 and summary["steps"] == 3
+    a, b = summary["replica_digests"]  # each process's sampling copy of the weights
+    assert a == b and a != weights_digest(initial)
+    # Sharded or replicated, the same data gives the same model (up to the reduction order).
+    ddp_folder = ddp_run[1]
+    assert len(_rewards_of(ddp_folder)) == 3 and _rewards_of(tmp_path / "fsdp") == _rewards_of(ddp_folder)
+    w_fsdp = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "final").state_dict()
+    w_ddp = AutoModelForCausalLM.from_pretrained(ddp_folder / "final").state_dict()
+    assert all(torch.allclose(w_fsdp[k], w_ddp[k], atol=1e-5) for k in w_ddp)
+    assert any(not torch.equal(w_fsdp[k], initial.state_dict()[k]) for k in w_ddp)
+
+
+def _rewards_of(folder: Path) -> list[float]:
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return rewards(lines)
 
 
 def test_cli_reports_a_bad_override_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from treegym.errors import TreegymError
+from treegym.trainers import parallel
 
 
 class CheckpointError(TreegymError):
@@ -56,23 +57,33 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] 
             g.set_state(state["generators"][k])
 
 
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    """Names of the parameters that training changes (all of them, or the LoRA adapters only)."""
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that training changes (all of them, or the LoRA adapters only)."""
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    """The parameters that training changes, copied to the CPU (an unsharded model)."""
+    names = trainable_names(model)
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
 
 
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, rngs: list[dict[str, Any]] | None = None, keep: int = 2) -> Path:
-    """Write ``step_N.pt``; ``rngs`` holds every process's RNG state (default: this one's)."""
+                    state: TrainState, rngs: list[dict[str, Any]] | None = None, keep: int = 2, *,
+                    gathered: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
+    """Write ``step_N.pt``; ``rngs`` holds every process's RNG state (default: this one's).
+
+    ``gathered``: the full weights and optimiser state of a sharded (FSDP) model, as
+    ``treegym.trainers.parallel.checkpoint_state`` gathered them on this process.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{state.step}.pt"
     tmp = folder / f".step_{state.step}.pt.tmp"
     with tmp.open("wb") as f:
         torch.save(
             {
-                "model": trainable_state(model),
-                "optimizer": optimizer.state_dict(),
+                "model": gathered[0] if gathered else trainable_state(model),
+                "optimizer": gathered[1] if gathered else optimizer.state_dict(),
                 "rng": rngs if rngs is not None else [rng_state()],
                 "state": state.__dict__,
             },
@@ -101,7 +112,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         data = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(data, dict) or not {"model", "optimizer", "rng", "state"} <= set(data):
             raise ValueError("not a treegym checkpoint")
-        missing = set(trainable_state(model)) - set(data["model"])
+        missing = trainable_names(model) - set(data["model"])
         if missing:
             raise KeyError(f"weights missing for {sorted(missing)[:3]}")
         rngs = data["rng"]
@@ -112,9 +123,12 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if rank >= len(rngs):
         raise TreegymError(f"checkpoint {path} was written by {len(rngs)} processes; resume it with as many")
     try:
-        model.load_state_dict(data["model"], strict=False)
-        optimizer.load_state_dict(data["optimizer"])
-    except (RuntimeError, KeyError, ValueError) as exc:
+        if parallel.is_sharded(model):
+            parallel.load_checkpoint_state(model, optimizer, data["model"], data["optimizer"])
+        else:
+            model.load_state_dict(data["model"], strict=False)
+            optimizer.load_state_dict(data["optimizer"])
+    except (RuntimeError, KeyError, ValueError, TypeError, AssertionError) as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model or optimiser ({exc}); "
                               "resume with the config it was written with") from exc
     set_rng_state(rngs[rank], generators)
@@ -143,11 +157,13 @@ def load_latest_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torc
     return None
 
 
-def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path) -> Path:
-    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters)."""
+def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path,
+                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters).
+    ``state_dict``: the full weights of a sharded model, gathered on this process."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)

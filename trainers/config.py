@@ -47,6 +47,10 @@ class SamplerConfig:
     max_turns: int = opt(2, "the env's turn budget")
     context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
+    backend: str = opt("auto", "rollout engine: transformers (hf), vLLM colocated in the trainer (vllm: GPU, one "
+                       "process, weights pushed after every update), or auto (vllm when it imports and the run is "
+                       "on one GPU, else hf)", ["auto", "hf", "vllm"])
+    vllm_gpu_memory: float = opt(0.3, "vllm backend: share of the GPU's memory the engine takes (weights + KV cache)")
 
 
 @dataclass
@@ -90,7 +94,10 @@ class ModelConfig:
     lora_alpha: int = opt(32, "LoRA alpha")
     device: str = opt("auto", "cpu, cuda, cuda:N, or auto (GPU when there is one)")
     bf16: bool = opt(True, "bf16 autocast on GPU (ignored on CPU)")
-    gradient_checkpointing: bool = opt(False, "recompute activations in backward (larger models)")
+    gradient_checkpointing: str = opt("auto", "recompute activations in backward: on, off, or auto (on for models "
+                                      "of 2B+ parameters on a GPU)", ["auto", "on", "off"])
+    parallel: str = opt("ddp", "under torchrun: ddp (whole replicas, gradients all-reduced) or fsdp (FSDP2: weights, "
+                        "gradients and optimiser state sharded across processes)", ["ddp", "fsdp"])
 
 
 @dataclass

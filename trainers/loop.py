@@ -7,8 +7,10 @@
 - ``finish(run) -> RunResult``: final weights, held-out eval, plots, trees, summary.
 
 ``train(cfg)`` runs them, with held-out evals and checkpoints between steps. Runs under
-``torchrun`` as data-parallel replicas (DDP); every process samples its own prompts and the
-gradients are averaged.
+``torchrun`` as data-parallel replicas (DDP) or shards (FSDP2, ``treegym.trainers.parallel``);
+every process samples its own prompts and the gradients are averaged. The rollout engine
+(``treegym.trainers.engines``: transformers or a colocated vLLM) gets the new weights after
+every update.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from treegym.agents.policy import Policy, SamplingParams
@@ -30,6 +31,7 @@ from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.envs.core import success
 from treegym.errors import TreegymError
+from treegym.trainers import engines, parallel
 from treegym.trainers import runtime as rt
 from treegym.trainers import update as upd
 from treegym.trainers.algorithms import Algorithm, get_algorithm
@@ -91,8 +93,10 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
                 run.log_eval(run.state.step, run.evaluate())
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
                 rngs = rt.gather_objects(rng_state(run.generators), dist)
+                gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
                 if dist.main:
-                    save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs)
+                    save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
+                                    gathered=gathered)
         bar.close()
         return finish(run, t_start)
     except BaseException:
@@ -144,6 +148,8 @@ class Run:
     last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
+    engine: engines.Engine | None = None  # how ``policy`` follows the trained weights
+    sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
         with torch.no_grad(), rt.autocast(self.device, self.cfg.model_opts.bf16):
@@ -189,14 +195,20 @@ class StepMetrics:
 def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, progress: bool = False) -> Run:
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; EM before."""
     algo = get_algorithm(cfg.algo)
+    backend = engines.resolve_backend(cfg, device, dist.world)
+    parallel.check(cfg.model_opts.parallel, cfg.model_opts.lora)
+    sharded = dist.on and cfg.model_opts.parallel == "fsdp"
     rt.seed_everything(cfg.seed * 1000 + dist.rank)
     model, tokenizer = rt.load_trainable_model(cfg, device)
+    # The sampling engine and the KL reference see whole weights: built before any sharding.
+    engine = engines.build(cfg, backend, model, tokenizer, seed=cfg.seed * 1000 + dist.rank, sharded_later=sharded)
+    reference = rt.frozen_copy(model) if cfg.loss.use_kl else None
     scorer = TokenScorer(model)
-    params = [p for p in model.parameters() if p.requires_grad]
+    trainer = parallel.wrap(scorer, cfg.model_opts.parallel, dist.world, device)
+    params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-    updater = upd.Update(DistributedDataParallel(scorer) if dist.on else scorer, optimizer, params, algo.loss,
-                         algo.loss_options(cfg), cfg, dist, device)
-    policy = rt.make_policy(model, tokenizer, seed=cfg.seed * 1000 + dist.rank)
+    updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
+    policy = engine.policy
     generators = rt.policy_generators(policy)
     env = rt.make_env(cfg, cfg.run.train_split)
     sampling = rt.sampling_params(cfg)
@@ -204,15 +216,15 @@ def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, p
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
     if loaded is not None:
         state, path = loaded
-        policy.clear_cache()
+        engine.after_update(model)  # the engine samples the resumed weights
         if dist.main:
             print(f"resumed from {path} (step {state.step})")
     log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
-    run = Run(cfg, folder, dist, device, algo, model, tokenizer, scorer, rt.frozen_copy(model) if cfg.loss.use_kl else None,
+    run = Run(cfg, folder, dist, device, algo, model, tokenizer, scorer, reference,
               updater, policy, generators, env, rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
               rt.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log,
-              progress=progress)
+              progress=progress, engine=engine, sharded=sharded)
     if "em_before" not in state.extra:
         before = run.evaluate_heldout()
         state.extra["em_before"] = None if before is None else before.em_rate
@@ -238,6 +250,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     """Advantages, old and reference log-probs, the update, and the step's metrics."""
     t0, cpu0 = time.time(), time.process_time()
     cfg, dist, device, state = run.cfg, run.dist, run.device, run.state
+    run.engine.before_update()  # a colocated vLLM engine gives the GPU back for the update
     rollouts = batch.rollouts
     adv = run.algo.advantage(rollouts, **run.algo.advantage_options(cfg))
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
@@ -250,22 +263,22 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     first_rows = set(first_order[: cfg.optim.mini_batch_size])
     rest = [i for i in range(len(rollouts)) if i not in first_rows]
     old_logp = torch.zeros_like(data.mask)
-    if rest:
-        old_logp[rest] = upd.score(run.scorer, data, cfg, device, rows=rest)
+    if rest or run.sharded:  # FSDP: every process takes part in each forward
+        old_logp[rest] = upd.score(run.scorer, data, cfg, device, rows=rest, dist=dist)
     ref_logp = None
     if run.reference is not None or (cfg.loss.use_kl and hasattr(run.model, "disable_adapter")):
         ref_model, scope = rt.reference_scope(run.model, run.reference)
         with scope:
             ref_logp = upd.score(TokenScorer(ref_model), data, cfg, device)
 
-    if cfg.model_opts.gradient_checkpointing:
-        run.model.train()
+    if rt.checkpointing_on(run.model):
+        run.model.train()  # transformers recomputes activations in train mode only
     expected = cfg.prompts_per_step * run.algo.leaves_per_prompt(cfg)
     n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
     n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
     stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini, n_micro)
     run.model.eval()
-    run.policy.clear_cache()  # its stored prefix KV came from the old weights
+    run.engine.after_update(run.model)  # new weights into the engine, stale prefix KV dropped
     _count_nonfinite(run, nonfinite)
 
     state.step += 1
@@ -314,12 +327,13 @@ def _count_nonfinite(run: Run, nonfinite: bool) -> None:
 def finish(run: Run, t_start: float) -> RunResult:
     """Final weights, EM after, plots, the trees of the last step, and the summary."""
     cfg, dist, state, folder = run.cfg, run.dist, run.state, run.folder
+    sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
-        save_policy(run.model, run.tokenizer, folder / "final")
+        save_policy(sampled, run.tokenizer, folder / "final")
     after = run.evaluate_heldout()
     em_after = None if after is None else after.em_rate
     run.log_eval(state.step, em_after)
-    digests = rt.gather_objects(rt.weights_digest(run.model), dist)
+    digests = rt.gather_objects(rt.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:
         run.log.close()

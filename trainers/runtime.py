@@ -141,13 +141,32 @@ def load_trainable_model(cfg: TrainConfig, device: torch.device) -> tuple[torch.
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
     if cfg.model_opts.lora:
         model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA training (model_opts.lora=true)")
-    if cfg.model_opts.gradient_checkpointing:
+    if wants_checkpointing(cfg.model_opts.gradient_checkpointing, model, device):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     # Eval mode for sampling and scoring alike: no dropout, so log-probs are those of the
     # policy that sampled (SmolLM2 has none anyway).
     model.eval()
     return model, tokenizer
+
+
+AUTO_CHECKPOINTING_PARAMS = 2_000_000_000  # gradient_checkpointing=auto: on from this size, on a GPU
+
+
+def wants_checkpointing(setting: str, model: torch.nn.Module, device: torch.device) -> bool:
+    """Gradient checkpointing: ``on``/``off``, or ``auto``: on a GPU, for models of 2B+ parameters
+    (below that an H200 holds the activations of a Tree-GRPO batch, and recomputing them costs
+    about a third more compute)."""
+    if setting != "auto":
+        return setting == "on"
+    return device.type == "cuda" and sum(p.numel() for p in model.parameters()) >= AUTO_CHECKPOINTING_PARAMS
+
+
+def checkpointing_on(model: torch.nn.Module) -> bool:
+    """Whether ``model`` recomputes activations (transformers 5.x renamed the flag)."""
+    base = base_model(model)
+    name = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(base, name, False))
 
 
 def with_lora(model: torch.nn.Module, r: int, alpha: int, purpose: str) -> torch.nn.Module:

@@ -11,7 +11,6 @@ generation and scoring. The sampler's behaviour log-probs are kept for a diagnos
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
+from treegym.trainers import parallel
 from treegym.trainers import runtime as rt
 from treegym.trainers.config import LossConfig
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer
@@ -49,7 +49,7 @@ def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], 
 class Update:
     """What an update needs besides the batch: the run's model pieces and its options."""
 
-    trainer: Any  # the scorer, DDP-wrapped under torchrun
+    trainer: Any  # the scorer, DDP- or FSDP-wrapped under torchrun (``treegym.trainers.parallel.wrap``)
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]
     loss_fn: Callable[..., LossOutput]
@@ -87,8 +87,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 # gradients in lock-step); an empty micro-batch scores row 0 x 0.
                 rows, scale = (micro, 1.0) if micro else ([0], 0.0)
                 sync = k == n_micro - 1
-                ctx = u.trainer.no_sync() if (dist.on and not sync) else contextlib.nullcontext()
-                with ctx, rt.autocast(device, cfg.model_opts.bf16):
+                with parallel.grad_sync(u.trainer, sync or not dist.on), rt.autocast(device, cfg.model_opts.bf16):
                     ids, attn, tgt, mask, n = take(data, rows, device)
                     logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
                     if fresh and micro:
@@ -122,16 +121,26 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
 # ---- scoring helpers (pure, or no-grad forwards) ---------------------------------------------
 
 
-def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device, *, rows: list[int] | None = None) -> Tensor:
-    """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad."""
+def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device, *, rows: list[int] | None = None,
+          dist: rt.Dist | None = None) -> Tensor:
+    """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad.
+
+    A sharded (FSDP) scorer's forward is a collective: given ``dist``, every process runs as
+    many forwards as the busiest one (the extra ones score row 0 and are dropped).
+    """
     every = list(range(len(data.input_ids))) if rows is None else rows
     out = torch.zeros((len(every), data.mask.shape[1]))
+    size = cfg.optim.micro_batch_size
+    chunks = math.ceil(len(every) / size)
+    if dist is not None and dist.on and parallel.is_sharded(scorer):
+        chunks = parallel.all_max(chunks, dist.world, device)
     with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
-        for start in range(0, len(every), cfg.optim.micro_batch_size):
-            chunk = every[start : start + cfg.optim.micro_batch_size]
-            ids, attn, tgt, mask, n = take(data, chunk, device)
+        for c in range(chunks):
+            chunk = every[c * size : (c + 1) * size]
+            ids, attn, tgt, mask, n = take(data, chunk or [0], device)
             logp, _ = scorer(ids, attn, tgt, mask, with_entropy=False)
-            out[start : start + len(chunk), :n] = logp.float().cpu()
+            if chunk:
+                out[c * size : c * size + len(chunk), :n] = logp.float().cpu()
     return out
 
 

@@ -1,0 +1,103 @@
+"""The rollout engine of a training run: which policy samples, and how it gets new weights.
+
+``sampler.backend`` picks the backend (``auto``: vLLM when it imports and the run is on a GPU
+in one process, else transformers). Three cases, one interface (``Engine``):
+
+- transformers over the trained model itself (one process, or DDP): it always samples the
+  current weights; after an update only its prefix KV store is dropped;
+- transformers over a full copy of the weights (FSDP, whose trained model is sharded): the
+  copy is refreshed from the shards after every update;
+- vLLM, colocated in this process: it sleeps through the update, then the new weights are
+  loaded into it and its prefix cache dropped.
+
+The same config samples and evaluates through any of them; the trainer always recomputes the
+old log-probs itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from treegym.errors import ConfigError
+from treegym.trainers import parallel
+from treegym.trainers import runtime as rt
+from treegym.trainers.config import TrainConfig
+
+
+def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
+    """``hf`` or ``vllm`` for this run; an impossible explicit choice is a one-line error."""
+    choice = cfg.sampler.backend
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if choice == "auto":
+        fits = has_vllm and device.type == "cuda" and world == 1 and not cfg.model_opts.lora
+        return "vllm" if fits else "hf"
+    if choice == "vllm":
+        if not has_vllm:
+            from treegym.agents.vllm_policy import import_vllm
+
+            import_vllm()  # raises MissingPackageError, naming the extra
+        if device.type != "cuda":
+            raise ConfigError(f"config field sampler.backend: vllm needs a CUDA GPU, and this run is on {device}; "
+                              "use sampler.backend=hf (or auto)")
+        if world > 1:
+            raise ConfigError("config field sampler.backend: vllm runs in one training process for now; "
+                              "use sampler.backend=hf under torchrun")
+        if cfg.model_opts.lora:
+            raise ConfigError("config field sampler.backend: vllm does not take LoRA adapters from the trainer yet; "
+                              "use sampler.backend=hf with model_opts.lora=true")
+    return choice
+
+
+@dataclass
+class Engine:
+    """The run's sampling policy and how it follows the trained weights."""
+
+    policy: Any  # a treegym Policy
+    backend: str  # "hf" or "vllm"
+    replica: nn.Module | None = None  # the full-weight copy an HF policy samples (FSDP), else None
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the policy reads the trained model itself (nothing to push)."""
+        return self.backend == "hf" and self.replica is None
+
+    def before_update(self) -> None:
+        """Free what sampling holds on the GPU (vLLM sleeps; its KV is stale after the update anyway)."""
+        if self.backend == "vllm":
+            self.policy.sleep()
+
+    def after_update(self, model: nn.Module) -> None:
+        """Make the policy sample ``model``'s current weights (a collective under FSDP)."""
+        if self.backend == "vllm":
+            self.policy.load_weights(parallel.full_weights(rt.base_model(model)))
+        elif self.replica is not None:
+            with torch.no_grad():
+                self.replica.load_state_dict(dict(parallel.full_weights(model)))
+        self.policy.clear_cache()  # its stored prefix KV came from the old weights
+
+    def sampled_model(self, model: nn.Module) -> nn.Module:
+        """The plain (unsharded) module whose weights this process samples with."""
+        return self.replica if self.replica is not None else model
+
+
+def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed: int,
+          sharded_later: bool) -> Engine:
+    """The engine for ``model``; call it before ``model`` is sharded (``sharded_later``)."""
+    if backend == "vllm":
+        from treegym.agents.vllm_policy import VLLMPolicy
+
+        s = cfg.sampler
+        policy = VLLMPolicy(cfg.model, gpu_memory_utilization=s.vllm_gpu_memory, max_model_len=s.max_context_tokens
+                            + s.max_new_tokens, dtype="bfloat16" if cfg.model_opts.bf16 else "float32", seed=seed,
+                            sleep_mode=True)
+        return Engine(policy, "vllm")
+    if sharded_later:
+        replica = copy.deepcopy(model).eval()  # only ever run without grad; trainable flags kept for the digest
+        return Engine(rt.make_policy(replica, tokenizer, seed=seed), "hf", replica)
+    return Engine(rt.make_policy(model, tokenizer, seed=seed), "hf")
