@@ -45,6 +45,7 @@ def add_commands(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from treegym.trainers import engines
     from treegym.trainers import runtime as rt
     from treegym.trainers.loop import train
     from treegym.trainers.recipe import wants_warm_start, warm_start
@@ -58,6 +59,7 @@ def run_train(args: argparse.Namespace) -> int:
     overrides += parse_overrides(getattr(args, "overrides", []) or [])
     cfg = load_config(args.config, overrides)
     rt.preflight(cfg)
+    engines.preflight(cfg)  # e.g. sampler.backend=vllm without vllm: before a warm start
     main = int(os.environ.get("RANK", "0")) == 0
     base_model = cfg.model
     ws = None

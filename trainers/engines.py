@@ -54,6 +54,15 @@ def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
     return choice
 
 
+def preflight(cfg: TrainConfig) -> None:
+    """``resolve_backend`` before anything loads (the device as ``model_opts.device`` would pick it)."""
+    import os
+
+    pref = cfg.model_opts.device
+    cuda = torch.cuda.is_available() if pref == "auto" else pref.startswith("cuda")
+    resolve_backend(cfg, torch.device("cuda" if cuda else "cpu"), int(os.environ.get("WORLD_SIZE", "1")))
+
+
 @dataclass
 class Engine:
     """The run's sampling policy and how it follows the trained weights."""

@@ -73,6 +73,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
     rt.preflight(cfg)
+    engines.preflight(cfg)
     dist, device = rt.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     try:

@@ -1,0 +1,120 @@
+"""The rollout engine of a run (treegym.trainers.engines): backend choice and the weight push.
+
+vLLM cannot run here (no GPU, and it is never installed on CPU machines), so the loop's vLLM
+path is driven through a stand-in ``vllm`` module whose ``LLM`` samples with transformers:
+what is checked is treegym's side of the contract (the engine sleeps through every update,
+gets the new weights after it, and never samples while asleep), not vLLM itself, which
+``benchmarks/check_vllm.py`` checks on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_trainer_loop import tiny_config, tiny_model  # noqa: F401  (the fixture)
+
+from treegym.errors import ConfigError, MissingPackageError
+from treegym.trainers import engines
+from treegym.trainers.loop import train
+from treegym.trainers.runtime import weights_digest
+
+NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+@pytest.mark.skipif(not NO_VLLM, reason="vllm is installed here")
+def test_vllm_backend_without_vllm_is_a_one_line_error(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    cfg = tiny_config(tiny_model, tmp_path, sampler__backend="vllm")
+    with pytest.raises(MissingPackageError, match=r"sampler.backend=vllm.*pip install 'treegym\[vllm\]'"):
+        train(cfg, progress=False)
+    assert not any(tmp_path.iterdir())  # refused before any run folder or model load
+    proc = subprocess.run([sys.executable, "-m", "treegym.cli", "train", "--model", str(tiny_model),
+                           "--env", "tiny_task:TinyKeysEnv", "--out", str(tmp_path), "--sampler.backend=vllm"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "treegym[vllm]" in proc.stderr
+
+
+def test_vllm_backend_on_a_cpu_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tiny_model: Path,  # noqa: F811
+                                                 tmp_path: Path) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    cfg = tiny_config(tiny_model, tmp_path, sampler__backend="vllm")
+    with pytest.raises(ConfigError, match="vllm needs a CUDA GPU, and this run is on cpu"):
+        engines.resolve_backend(cfg, torch.device("cpu"), 1)
+    auto = tiny_config(tiny_model, tmp_path)
+    assert engines.resolve_backend(auto, torch.device("cpu"), 1) == "hf"  # auto: vllm imports, but no GPU
+    assert engines.resolve_backend(auto, torch.device("cuda"), 1) == "vllm"
+    assert engines.resolve_backend(auto, torch.device("cuda"), 2) == "hf"
+
+
+class _StandInLLM:
+    """``vllm.LLM`` as treegym calls it, sampling with transformers on the CPU."""
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        from treegym.agents.hf_policy import HFPolicy
+        from treegym.agents.models import load_model
+
+        assert kwargs["enable_prefix_caching"] and kwargs["enable_sleep_mode"]
+        self.hf, tok = load_model(model, device="cpu", dtype=torch.float32)
+        self.policy = HFPolicy(self.hf, tok, seed=kwargs["seed"])
+        self.events: list[str] = []
+        _StandInLLM.last = self
+
+    def generate(self, prompts: list[dict], sampling: Any, use_tqdm: bool) -> list[Any]:
+        from treegym.agents.policy import SamplingParams
+
+        self.events.append("generate")
+        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
+                                stop=tuple(sampling.stop or ()), ignore_eos=sampling.ignore_eos)
+        gens = self.policy.generate([p["prompt_token_ids"] for p in prompts], params)
+        ns = types.SimpleNamespace
+        return [ns(outputs=[ns(token_ids=list(g.token_ids), text=g.text, finish_reason=g.finish_reason,
+                               logprobs=[{t: ns(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])],
+                   num_cached_tokens=0) for g in gens]
+
+    def sleep(self, level: int) -> None:
+        self.events.append(f"sleep{level}")
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.events.append("wake:" + ",".join(tags))
+
+    def apply_model(self, fn: Any) -> list[Any]:
+        hf = self.hf
+
+        class Module:
+            def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+                hf.load_state_dict(dict(named), strict=True)
+
+        return [fn(Module())]
+
+    def reset_prefix_cache(self) -> None:
+        self.events.append("reset")
+        self.policy.clear_cache()
+
+
+def test_a_colocated_engine_sleeps_through_each_update_and_gets_the_new_weights(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    fake = types.ModuleType("vllm")
+    fake.LLM = _StandInLLM
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(engines, "resolve_backend", lambda cfg, device, world: "vllm")
+    monkeypatch.setattr(engines, "preflight", lambda cfg: None)
+    result = train(tiny_config(tiny_model, tmp_path, algo="grpo", steps=12, run__name="vllm"), progress=False)
+    llm = _StandInLLM.last
+    step = ["sleep2", "wake:weights", "wake:kv_cache", "reset"]
+    pushes = [i for i in range(len(llm.events)) if llm.events[i : i + 4] == step]
+    assert len(pushes) == 12  # every update: sleep, wake the weights, load them, wake the KV cache, drop prefixes
+    assert llm.events[0] == "generate" and "generate" in llm.events[pushes[-1] :]  # it sampled between updates
+    # The engine ends holding exactly the trained weights, and sampling them is what trained the policy.
+    assert weights_digest(llm.hf) == result.replica_digests[0]
+    r = [h["reward"] for h in result.history if "reward" in h]
+    assert sum(r[-3:]) / 3 > sum(r[:3]) / 3 + 0.2, r
