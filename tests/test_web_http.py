@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
-from web_servers import FaultServer
+from web_servers import DripServer, FaultServer
 
+from treegym.envs.core import ToolError
 from treegym.envs.web.http import Fetcher, FetchError, HttpConfig, parse_retry_after
+from treegym.envs.web.tools import BrowseTool
 
 FAST = HttpConfig(connect_timeout_s=1.0, read_timeout_s=0.3, retries=2, backoff_base_s=0.01, backoff_max_s=0.05,
                   max_retry_after_s=5.0, per_host=4, max_bytes=200_000)
+# A deadline is a time bound, so these tests time the failed call, with a generous margin.
+ONE_SECOND = replace(FAST, read_timeout_s=1.0)
+MARGIN_S = 1.0
+DRIPS = ("/status", "/headers", "/length", "/chunked", "/stall")
 
 
 @pytest.fixture(scope="module")
 def server():
     srv = FaultServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def drip():
+    srv = DripServer(gap=0.1)  # a piece every 0.1 s: no socket read ever waits long
     yield srv
     srv.stop()
 
@@ -46,6 +61,46 @@ def test_a_body_dripping_in_slower_than_the_deadline_times_out(server):
     f, _ = fetcher()
     with pytest.raises(FetchError, match=r"timed out after 0.3 s"):
         f.get(f"{server.url}/drip?n=10&gap=0.1&key=drip")
+
+
+@pytest.mark.parametrize("path", DRIPS)
+def test_a_server_that_drips_or_stalls_any_part_of_its_answer_fails_the_call_at_the_deadline(drip, path):
+    # The status line, header lines, a Content-Length body, one-byte chunks, or nothing after
+    # the headers: each piece comes in time, the answer never does.
+    f, log = fetcher(ONE_SECOND)
+    before = drip.connections
+    start = time.monotonic()
+    with pytest.raises(FetchError, match=r"timed out after 1 s$"):
+        f.get(f"{drip.url}{path}")
+    assert time.monotonic() - start < ONE_SECOND.read_timeout_s + MARGIN_S
+    assert log.waits == [] and drip.connections == before + 1  # not retried
+
+
+def test_a_browse_batch_against_dripping_servers_returns_tool_errors_at_the_deadline(drip):
+    # One host slot per call: calls over the per-host cap queue, each then with its own deadline.
+    tool = BrowseTool(Fetcher(replace(FAST, read_timeout_s=1.5, per_host=len(DRIPS))), cache=None)
+    start = time.monotonic()
+    out = tool.call_batch([f"{drip.url}{path}" for path in DRIPS])
+    assert time.monotonic() - start < 1.5 + MARGIN_S  # the batch's calls run side by side
+    assert out == [ToolError("Browse failed: timed out after 1.5 s")] * len(DRIPS)
+
+
+def test_a_server_that_sends_over_100_headers_is_refused_at_once_not_retried():
+    srv = DripServer(gap=0.001)
+    try:
+        f, log = fetcher(replace(FAST, read_timeout_s=5.0))
+        with pytest.raises(FetchError, match=r"malformed answer from .*\(got more than 100 headers\)"):
+            f.get(f"{srv.url}/headers")
+        assert log.waits == [] and srv.connections == 1
+    finally:
+        srv.stop()
+
+
+def test_a_kept_alive_connection_outlives_the_deadline_of_the_request_that_opened_it(server):
+    f, _ = fetcher()
+    assert "all good" in f.get(f"{server.url}/flaky?fail=0&key=alive1").text
+    time.sleep(FAST.read_timeout_s + 0.2)  # the first request's deadline passes while its connection idles
+    assert "all good" in f.get(f"{server.url}/flaky?fail=0&key=alive2").text
 
 
 def test_server_errors_are_retried_with_growing_backoff_until_success(server):

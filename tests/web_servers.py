@@ -1,10 +1,12 @@
-"""Loopback servers for the web tests: one that injects faults on demand, and one that
-replays recorded responses of keyed search APIs (Brave, Serper, SearxNG) with their auth."""
+"""Loopback servers for the web tests: one that injects faults on demand (and replays recorded
+responses of keyed search APIs, Brave, Serper and SearxNG, with their auth), and a raw-socket
+one that answers slower than any deadline."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import sys
 import threading
 import time
@@ -205,6 +207,85 @@ def _handler(srv: FaultServer) -> type[BaseHTTPRequestHandler]:
             return self.send(404, "text/html", b"<html><body>not found</body></html>")
 
     return Handler
+
+
+DRIP_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+
+
+class DripServer:
+    """A raw-socket HTTP server on 127.0.0.1 that never finishes an answer.
+
+    After what the path sends at once, one piece goes out every ``gap`` seconds (well inside
+    any per-read timeout) until the client hangs up or ``limit_s`` passes. Paths:
+    ``/status`` drips the status line itself; ``/headers`` sends the status line, then one
+    header line per piece; ``/length`` promises a Content-Length body and drips it a byte at
+    a time; ``/chunked`` sends one one-byte chunk per piece; ``/stall`` sends whole headers
+    and then nothing. ``connections`` counts the connections accepted.
+    """
+
+    SCRIPTS: dict[str, tuple[bytes, bytes]] = {  # path: (sent at once, each piece)
+        "/status": (b"", b"HTTP/1.1 200 O" + b"K" * 4000),
+        "/headers": (DRIP_HEAD, b"X-Drip: 1\r\n"),
+        "/length": (DRIP_HEAD + b"Content-Length: 100000\r\n\r\n", b"x"),
+        "/chunked": (DRIP_HEAD + b"Transfer-Encoding: chunked\r\n\r\n", b"1\r\nx\r\n"),
+        "/stall": (DRIP_HEAD + b"Content-Length: 100\r\n\r\n", b""),
+    }
+
+    def __init__(self, gap: float = 0.1, limit_s: float = 30.0) -> None:
+        self.gap, self.limit_s = gap, limit_s
+        self.connections = 0
+        self._stop = threading.Event()
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self._sock.settimeout(0.05)
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        end = time.monotonic() + self.limit_s
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(self.gap)
+            head = b""
+            while b"\r\n\r\n" not in head and time.monotonic() < end:
+                with contextlib.suppress(TimeoutError):
+                    data = conn.recv(4096)
+                    if not data:
+                        return
+                    head += data
+            path = head.split(b" ", 2)[1].decode("ascii", "replace").split("?")[0] if head.count(b" ") >= 2 else ""
+            at_once, piece = self.SCRIPTS.get(path, (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", b""))
+            conn.sendall(at_once)
+            # A status line drips byte by byte; a header line, a body byte or a chunk goes out whole.
+            units = [piece[i : i + 1] for i in range(len(piece))] if path == "/status" else [piece]
+            sent = 0
+            while not self._stop.is_set() and time.monotonic() < end:
+                if units[sent % len(units)]:
+                    conn.sendall(units[sent % len(units)])
+                sent += 1
+                try:
+                    if conn.recv(1) == b"":
+                        return  # the client hung up
+                except TimeoutError:
+                    pass  # the wait between pieces
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=2)
 
 
 KEY_TITLES = ("Hamlet", "William Shakespeare", "Abraham Lincoln", "Paris", "France", "England", "United States",

@@ -3,8 +3,9 @@
 One ``Fetcher`` (a ``requests.Session`` plus policy) is shared by every env and fork of a
 process. Per request it enforces:
 
-- a connect timeout and a total read deadline (``requests``' own read timeout is per socket
-  read, so a server that drips one byte a second would never trip it);
+- a connect timeout and a total deadline on the status line, headers and body
+  (``requests``' own read timeout is per socket read, so a server that drips one byte a
+  second would never trip it; see ``deadline.py``);
 - retries with exponential backoff and jitter on connection errors, broken bodies, 429 and
   5xx, honouring ``Retry-After`` up to a limit;
 - a cap on concurrent requests per host, so a pool of 64 envs cannot flood one site;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import email.utils
+import http.client
 import random
 import re
 import threading
@@ -29,8 +31,9 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
+import urllib3
 
+from treegym.envs.web.deadline import Deadline, DeadlineAdapter
 from treegym.errors import TreegymError
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -57,7 +60,7 @@ class HttpConfig:
     """Network policy. Defaults suit a public site; tests shrink the timeouts and backoff."""
 
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 10.0  # total time to read the whole body, not per socket read
+    read_timeout_s: float = 10.0  # total time for status line, headers and body, not per socket read
     retries: int = 3  # extra attempts after the first
     backoff_base_s: float = 0.5  # attempt i waits base * 2**i, times a jitter in [0.5, 1]
     backoff_max_s: float = 8.0
@@ -144,7 +147,7 @@ class Fetcher:
         self.session = requests.Session()
         # One pooled connection per allowed concurrent request, so no request opens and
         # drops a spare connection (urllib3 warns "pool is full" otherwise).
-        adapter = HTTPAdapter(pool_connections=32, pool_maxsize=max(1, self.config.per_host), max_retries=0)
+        adapter = DeadlineAdapter(pool_connections=32, pool_maxsize=max(1, self.config.per_host), max_retries=0)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
         self.session.headers["User-Agent"] = self.config.user_agent
@@ -209,23 +212,42 @@ class Fetcher:
                  headers: Mapping[str, str] | None, expect: str, oversize: str,
                  check_url: Callable[[str], None] | None = None) -> Response:
         cfg = self.config
-        host = urlsplit(url).netloc
         with self._hosts_lock:
             self.requests_sent += 1
-        # One deadline for headers and body together: requests' read timeout is per socket read.
-        deadline = time.monotonic() + cfg.read_timeout_s
+        # One deadline for the status line, headers and body together: requests' read timeout
+        # is per socket read. A connect may take its own connect_timeout_s.
+        with Deadline(cfg.read_timeout_s) as deadline:
+            try:
+                return self._exchange(method, url, params, json_body, headers, expect, oversize, check_url, deadline)
+            except Exception:
+                if deadline.expired:  # whatever broke once the socket was shut down
+                    raise self._timed_out(url) from None
+                raise
+
+    def _timed_out(self, url: str) -> FetchError:
+        # A slow server: retrying would multiply the wait, so this fails at once.
+        return FetchError(url, f"timed out after {_fmt_s(self.config.read_timeout_s)}")
+
+    def _exchange(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
+                  headers: Mapping[str, str] | None, expect: str, oversize: str,
+                  check_url: Callable[[str], None] | None, deadline: Deadline) -> Response:
+        cfg = self.config
+        host = urlsplit(url).netloc
         try:
             r = self._open(method, url, params, json_body, headers, check_url)
         except requests.exceptions.ConnectTimeout:
             raise FetchError(url, f"could not connect to {host} within {_fmt_s(cfg.connect_timeout_s)}", retryable=True) from None
         except requests.exceptions.ReadTimeout:
-            # A slow server: retrying would multiply the wait, so this fails at once.
-            raise FetchError(url, f"timed out after {_fmt_s(cfg.read_timeout_s)}") from None
+            raise self._timed_out(url) from None
         except requests.exceptions.ConnectionError as exc:
+            if deadline.expired:
+                raise self._timed_out(url) from None
+            if (bad := _malformed_answer(exc)) is not None:  # it would say the same again
+                raise FetchError(url, f"malformed answer from {host} ({bad})") from None
             raise FetchError(url, f"cannot connect to {host} ({_short(exc)})", retryable=True) from None
         except requests.exceptions.RequestException as exc:
             raise FetchError(url, f"bad request ({_short(exc)})") from None
-        with r:
+        try:
             status = r.status_code
             ctype = r.headers.get("Content-Type", "").lower()
             if status in RETRY_STATUS or 500 <= status < 600:
@@ -236,6 +258,11 @@ class Fetcher:
                 raise FetchError(url, f"HTTP {status}" + (f": {_snippet(r)}" if "json" in ctype or "text" in ctype else ""), status=status)
             _check_type(url, ctype, expect)
             body, truncated = self._read_body(r, url, oversize, deadline)
+            if deadline.expired:  # a body read to the end of a connection that the deadline shut
+                raise self._timed_out(url)
+        finally:
+            deadline.stop()  # before the connection can go back to the pool
+            r.close()
         if expect == "text" and b"\x00" in body[:2048]:
             raise FetchError(url, f"binary content (declared {ctype or 'no content type'}), not a text page", status=status)
         return Response(r.url, status, ctype, decode_body(body, ctype), truncated, headers=dict(r.headers))
@@ -260,7 +287,7 @@ class Fetcher:
         r.close()
         raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
 
-    def _read_body(self, r: requests.Response, url: str, oversize: str, deadline: float) -> tuple[bytes, bool]:
+    def _read_body(self, r: requests.Response, url: str, oversize: str, deadline: Deadline) -> tuple[bytes, bool]:
         cfg = self.config
         declared = r.headers.get("Content-Length")
         if oversize == "error" and declared and declared.isdigit() and int(declared) > cfg.max_bytes:
@@ -275,12 +302,12 @@ class Fetcher:
                     if oversize == "error":
                         raise FetchError(url, f"response is over the {_fmt_bytes(cfg.max_bytes)} cap")
                     return b"".join(chunks)[: cfg.max_bytes], True
-                if time.monotonic() > deadline:
-                    raise FetchError(url, f"timed out after {_fmt_s(cfg.read_timeout_s)}")
         except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ConnectionError) as exc:
+            if deadline.expired or _is_read_timeout(exc):
+                raise self._timed_out(url) from None
             raise FetchError(url, f"connection broke mid-response after {size} bytes ({_short(exc)})", retryable=True) from None
         except requests.exceptions.ReadTimeout:
-            raise FetchError(url, f"timed out after {_fmt_s(cfg.read_timeout_s)}") from None
+            raise self._timed_out(url) from None
         return b"".join(chunks), False
 
     def close(self) -> None:
@@ -302,6 +329,22 @@ def _snippet(r: requests.Response) -> str:
         return " ".join(next(r.iter_content(300), b"").decode("utf-8", "replace").split())[:200]
     except requests.exceptions.RequestException:
         return ""
+
+
+def _is_read_timeout(exc: BaseException) -> bool:
+    # requests reports a per-read timeout in the body as a ConnectionError around urllib3's.
+    return bool(exc.args) and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
+
+
+def _malformed_answer(exc: BaseException) -> str | None:
+    """What was wrong with a status line or headers the server did send (over 100 headers, a
+    line over 64 kB, not HTTP), or None. A server that hung up (``RemoteDisconnected``, which is
+    also a ``ConnectionError``) is not malformed: a retry may reach a live connection."""
+    cause = exc.args[0] if exc.args else None
+    inner = cause.args[1] if isinstance(cause, urllib3.exceptions.ProtocolError) and len(cause.args) > 1 else None
+    if isinstance(inner, http.client.HTTPException) and not isinstance(inner, ConnectionError):
+        return str(inner)[:120] or type(inner).__name__
+    return None
 
 
 def _short(exc: BaseException) -> str:
