@@ -10,7 +10,12 @@ Search-R1 prompt, branches sharing it), and check:
    same tokens (bf16 engine against fp32 reference: mean |diff| <= 0.05, max <= 0.5);
 2. stop strings end turns (``finish_reason == "stop"`` and the text ends with one);
 3. the second call over the same contexts is served from the prefix cache (reused tokens);
-4. ``load_weights`` with the reference model's own weights leaves greedy output unchanged.
+4. ``load_weights`` with the reference model's own weights leaves greedy output unchanged;
+5. one real training step with ``sampler.backend=vllm`` (the loop's own setup/sample/train_step
+   on ProbeKeys-v0, an entropy bonus so that the update moves the weights even when every
+   reward is 0): sample, update, push the weights, sample again, and check that the new
+   samples' log-probs are those of the updated weights (|vLLM - new| <= 0.05 on average and at
+   most half of |vLLM - old|), i.e. they come from the new weights.
 
 Prints tokens/s. Without a GPU or without vllm it prints "SKIPPED: no GPU/vllm" and exits 0.
 Exit code 1 when a check fails.
@@ -120,10 +125,61 @@ def main() -> int:
     if first != second:
         failures.append("greedy output changed after loading the same weights")
 
+    del policy
+    torch.cuda.empty_cache()
+    training_step_check(args.model, failures)
+
     for failure in failures:
         print(f"FAIL: {failure}")
     print("OK" if not failures else f"{len(failures)} check(s) failed")
     return 1 if failures else 0
+
+
+def training_step_check(model: str, failures: list[str]) -> None:
+    """Sample, update, push, sample again through the training loop with the vLLM backend."""
+    import copy
+    import tempfile
+
+    import torch
+
+    from treegym.trainers import loop
+    from treegym.trainers import runtime as rt
+    from treegym.trainers.config import load_config
+
+    out = tempfile.mkdtemp(prefix="check-vllm-")
+    cfg = load_config(overrides=[
+        ("algo", "tree-grpo"), ("env", "ProbeKeys-v0"), ("model", model), ("sampler.backend", "vllm"),
+        ("sampler.max_new_tokens", 8), ("sampler.ignore_eos", True), ("sampler.max_turns", 2),
+        ("prompts_per_step", 4), ("optim.lr", 1e-4), ("optim.mini_batch_size", 24), ("optim.micro_batch_size", 8),
+        ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.05), ("run.eval_n", 0), ("run.out_dir", out), ("run.tensorboard", False),
+        ("sampler.vllm_gpu_memory", 0.25)])  # fmt: skip
+    dist, device = rt.setup_distributed(cfg.model_opts.device)
+    run = loop.setup(cfg, loop._open_folder(cfg, dist), dist, device)
+    old = copy.deepcopy(run.model).eval()
+    t0 = time.perf_counter()
+    batch = loop.sample(run)
+    metrics = loop.train_step(run, batch)  # the update, then the weight push
+    print(f"training step with vLLM rollouts: {time.perf_counter() - t0:.1f} s, reward {metrics['reward']:.3f}, "
+          f"{run.policy.weight_pushes} weight push(es)")
+    if run.policy.weight_pushes != 1 or run.policy.asleep:
+        failures.append("the training step did not wake the engine and push the weights once")
+    contexts = [list(r.token_ids[:-1]) for r in batch.rollouts[:8]]
+    from treegym.agents.policy import SamplingParams
+
+    gens = run.policy.generate(contexts, SamplingParams(temperature=1.0, max_new_tokens=16, stop=(), seed=3))
+    gaps = {"new": [], "old": []}
+    for ctx, gen in zip(contexts, gens):
+        ids = torch.tensor([ctx + list(gen.token_ids)], device=device)
+        for name, m in (("new", run.model), ("old", old)):
+            with torch.no_grad():
+                logp = torch.log_softmax(m(ids).logits[0].float(), dim=-1)
+            ref = [logp[len(ctx) - 1 + j, t].item() for j, t in enumerate(gen.token_ids)]
+            gaps[name] += [abs(a - b) for a, b in zip(gen.logprobs, ref)]
+    new, stale = (sum(v) / max(len(v), 1) for v in (gaps["new"], gaps["old"]))
+    print(f"after the push, |vLLM - updated HF| = {new:.4f}, |vLLM - pre-update HF| = {stale:.4f}")
+    if not (new <= 0.05 and new <= stale / 2):
+        failures.append(f"samples after the push do not follow the new weights (new {new:.3f}, old {stale:.3f})")
+    rt.teardown_distributed()
 
 
 if __name__ == "__main__":
