@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,54 @@ def test_a_run_killed_mid_step_and_resumed_in_a_new_process_equals_an_uninterrup
     rows = [[(r["step"], r["reward"]) for r in read_metrics(tmp_path / n / "metrics.jsonl") if "reward" in r]
             for n in ("killed", "straight")]  # fmt: skip
     assert rows[0] == rows[1] and [s for s, _ in rows[0]] == [1, 2, 3, 4, 5]
+
+
+# ---- the same for a 2-process DDP run (torchrun, gloo on CPU) ------------------------------------
+
+def _torchrun(target: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``treegym train`` in two gloo processes under torchrun, started (wait with ``communicate``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "treegym.cli", *target]  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+def test_a_two_process_ddp_run_killed_mid_step_and_resumed_equals_an_uninterrupted_one(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    killed = tmp_path / "killed"
+    args = {name: [*_train_cmd(tiny_model, tmp_path, name, "grpo", False)[3:], "--steps=4"] for name in ("killed", "straight")}
+    # The uninterrupted run goes alongside (its own folder and port): the same config, two fresh processes.
+    straight = _torchrun(args["straight"], env)
+    # Both processes SIGKILL themselves in step 4's rollout, once rank 0 has logged step 3 (one
+    # that gets there first waits in the gradient all-reduce and is torn down with the group).
+    code, _, err = _finish(_torchrun(args["killed"], {**env, "TINY_KILL_AFTER": f"{killed / 'metrics.jsonl'}:3"}))
+    assert code != 0 and "Signal 9 (SIGKILL) received" in err, err[-3000:]
+    assert [p.name for p in list_checkpoints(killed / "checkpoints")] == ["step_2.pt"]
+    assert steps_logged(killed) == [1, 2, 3]
+    # Two fresh processes resume the killed run.
+    code, out, err = _finish(_torchrun(args["killed"], env))
+    assert code == 0, err[-3000:]
+    assert f"resumed from {killed / 'checkpoints' / 'step_2.pt'} (step 2)" in out
+    code, _, err = _finish(straight)
+    assert code == 0, err[-3000:]
+    a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("killed", "straight"))
+    assert a["world"] == b["world"] == 2 and a["steps"] == b["steps"] == 4
+    assert a["replica_digests"] == b["replica_digests"] and len(set(a["replica_digests"])) == 1
+    assert a["tokens_total"] == b["tokens_total"] and a["em_before"] == b["em_before"] and a["em_after"] == b["em_after"]
+    rows = [[(r["step"], r["reward"], r["generated_tokens"]) for r in read_metrics(tmp_path / n / "metrics.jsonl")
+             if "reward" in r] for n in ("killed", "straight")]  # fmt: skip
+    assert rows[0] == rows[1] and [s for s, _, _ in rows[0]] == [1, 2, 3, 4]
