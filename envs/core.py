@@ -143,6 +143,9 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
 
     tools: dict[str, Tool]
     state: StateT | None = None
+    # Text that ends an agent's turn in this env's protocol, besides the samplers' own tag stops
+    # (e.g. a household command is one line without commas). Samplers add these to their stops.
+    action_stops: tuple[str, ...] = ()
 
     def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20,
                  render_mode: str | None = None) -> None:

@@ -43,7 +43,6 @@ class SamplerConfig:
     top_p: float = opt(1.0, "nucleus sampling mass")
     max_new_tokens: int = opt(48, "max tokens per turn")
     ignore_eos: bool = opt(False, "EOS does not end a turn: every turn is max_new_tokens long (probe tasks)")
-    stop_at_newline: bool = opt(False, "a newline ends a turn (one-line commands: household)")
     max_turns: int = opt(2, "the env's turn budget")
     context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
@@ -281,8 +280,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 # turn budget and turn length. (Env keyword defaults, e.g. the QA envs' BM25 index and format
 # score, are the envs' registered training variants: treegym.envs.registry.VARIANTS.)
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "TextHousehold-v0": {"sampler.max_turns": 10, "sampler.max_new_tokens": 16, "sampler.max_context_tokens": 1536,
-                         "sampler.stop_at_newline": True},
+    "TextHousehold-v0": {"sampler.max_turns": 10, "sampler.max_new_tokens": 16, "sampler.max_context_tokens": 1536},
     "WebSearchQA-v0": {"sampler.max_turns": 3, "sampler.max_new_tokens": 48},
 }
 

@@ -29,6 +29,8 @@ from treegym.trainers.config import TrainConfig
 from treegym.trainers.heldout import HeldOut
 
 WARM_START_VERSION = 1
+# Bumped when the held-out protocol changes (2: turns end at the env's action stops).
+WARM_START_EVAL = 2
 # 24 heuristic episodes (about 20 kept) x 1 epoch at 2e-4 teach SmolLM2 the format: well-formed
 # actions 19% -> 100%, dev EM 0% -> 37.5% on 16 prompts, in 3 optimiser steps (250 s on 2 busy cores).
 WARM_START_LR = 2e-4
@@ -66,7 +68,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
-        "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, s.stop_at_newline],
+        "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, WARM_START_EVAL],
     }  # fmt: skip
 
 

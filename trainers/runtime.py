@@ -223,12 +223,12 @@ def policy_generators(policy: Any) -> dict[str, torch.Generator]:
 
 def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> Any:
     """The sampler section as ``SamplingParams`` (``temperature``/``top_p`` override it: evals)."""
-    from treegym.agents.policy import STOP_STRINGS, SamplingParams
+    from treegym.agents.policy import SamplingParams
 
     s = cfg.sampler
     return SamplingParams(temperature=s.temperature if temperature is None else temperature,
                           top_p=s.top_p if top_p is None else top_p, max_new_tokens=s.max_new_tokens,
-                          stop=(*STOP_STRINGS, "\n") if s.stop_at_newline else STOP_STRINGS, ignore_eos=s.ignore_eos)
+                          ignore_eos=s.ignore_eos)
 
 
 def train_env_id(cfg: TrainConfig) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Union
 
 import gymnasium as gym
@@ -72,6 +72,9 @@ class _Sampler:
         self.ctx = make_context(policy.tokenizer, mode)
         base = make_env() if callable(make_env) and not isinstance(make_env, gym.Env) else make_env
         self.base = base_env(base, bare=True)
+        extra = tuple(s for s in self.base.action_stops if s not in params.stop)
+        if extra:  # the env's own turn delimiters end a turn too
+            self.params = replace(params, stop=(*params.stop, *extra))
         self.pool = EnvPool()
         self.progress = progress
         s = policy.stats

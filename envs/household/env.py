@@ -87,7 +87,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     - Receptacle objects (mug, bowl, ...) never hold other objects: ALFWorld's domain has the
       actions that would fill them commented out.
     - ``put X in/on Y`` is accepted as ``move X to Y``, and commands match case- and
-      whitespace-insensitively with a trailing period ignored; the real engine wants the exact
+      whitespace-insensitively with a trailing period or comma ignored; the real engine wants the exact
       string. Goal sentences use ALFWorld's templates only (no human annotations).
     - A step after the episode ended (won, or ``max_steps`` reached) raises ``TreegymError``
       ("step() after the episode ended"), as in every treegym env; ALFWorld's gym wrapper
@@ -99,6 +99,9 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     eval_split = "seen"
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    # A command is one line and no command has a comma: a model that runs on ("go to desk 1,
+    # drawer 1, ...") has its turn ended there, and the trailing comma is ignored.
+    action_stops = ("\n", ",")
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ def extract_command(action: str) -> str:
     if len(text) > MAX_COMMAND_CHARS:
         return ""
     cmd = " ".join(text.lower().split())
-    cmd = cmd.rstrip(".!")
+    cmd = cmd.rstrip(".!,;").rstrip()
     m = _PUT_RE.match(cmd)
     if m:
         cmd = f"move {m.group(1)} to {m.group(2)}"
