@@ -80,6 +80,15 @@ def env_class(spec: str) -> Any:
     return ep
 
 
+def score_name(env_id: str) -> str:
+    """What an env's held-out score is called: ``EM`` for QA envs (an answer string is graded),
+    ``success`` for every other env."""
+    from treegym.envs.qa_env import QAEnv
+
+    cls = env_class(env_id)
+    return "EM" if isinstance(cls, type) and issubclass(cls, QAEnv) else "success"
+
+
 def resolve_split(cls: Any, env_id: str, split: str) -> str:
     """``auto`` -> the env's held-out split; an unknown split is a ConfigError naming the valid ones."""
     splits = getattr(cls, "splits", None)

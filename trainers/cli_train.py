@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from treegym.envs.registry import score_name
 from treegym.trainers.config import help_text, load_config, parse_overrides
 
 EXAMPLES = """\
@@ -137,7 +138,7 @@ def summary_table(cfg: Any, base_model: str, result: Any, ws: Any, phases: dict[
     def pts(v: list[float]) -> str:
         return f"{100 * v[0]:+.1f} pts [{100 * v[1]:+.1f}, {100 * v[2]:+.1f}]"
 
-    metric = "EM" if cfg.env in ("TreeSearchQA-v0", "WebSearchQA-v0") else "success"
+    metric = score_name(cfg.env)
     warm = "" if ws is None else (f" after a warm start on {ws.examples} expert episodes "
                                   f"({'cached' if ws.cached else f'built in {ws.seconds:.0f} s'})")
     rows = [("algorithm", f"{cfg.algo}{warm}"), ("env / model", f"{cfg.env} / {base_model}"),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treegym.envs.registry import score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import TrainConfig
@@ -96,7 +97,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
     untrained = evaluate_model(cfg, cfg.model, progress=progress)
     if untrained is not None:
-        log(f"warm start: untrained {cfg.model}: EM {untrained.em_rate:.3f} on {untrained.n} held-out prompts")
+        log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.em_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     sft = SFTConfig(
