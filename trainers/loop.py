@@ -99,7 +99,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
                     save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
                                     gathered=gathered)
         bar.close()
-        return finish(run, t_start)
+        result = finish(run, t_start)
+        rt.barrier(dist)  # no process tears the group down while a peer is still in a collective
+        return result
     except BaseException:
         if folder is not None and dist.main:
             remove_if_unused(folder)  # a failed run leaves no empty run folder behind

@@ -67,6 +67,12 @@ def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
     return Dist(rank, world, local), device
 
 
+def barrier(dist: Dist) -> None:
+    """Wait for every process (a no-op in one process)."""
+    if dist.on:
+        torch_dist.barrier()
+
+
 def teardown_distributed() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
