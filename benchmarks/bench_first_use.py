@@ -10,7 +10,7 @@ process then measures recall@3 of the supporting passages of the built-in dev qu
     python benchmarks/bench_first_use.py --corpus-limit 500             # a quick smoke run
 
 ``minilm@256`` is the old path (sentence-transformers' 256 tokens per passage, what
-``minilm`` meant before); ``minilm`` is the new default (its first 32 tokens). Wall time
+``minilm`` meant before); ``minilm`` is the new default (its first 24 tokens). Wall time
 on a shared machine is pessimistic: the table shows the load average around each run and
 the child's CPU seconds, which other load inflates far less.
 """
