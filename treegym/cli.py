@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,13 +48,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except TreegymError as exc:
         print(f"treegym {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print(f"treegym {args.command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and argv is None:
+        # One process of a torchrun job, done and with every file written and closed: leave now.
+        # The interpreter's own teardown can destroy gloo's C++ threads while they are joinable,
+        # which aborts the process (SIGABRT, "terminate called without an active exception")
+        # after a run that succeeded, and torchrun then reports the whole job as failed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
