@@ -152,8 +152,7 @@ def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[
 
 def task_prompts(env: gym.Env, n: int, seed: int) -> list[Prompt]:
     """``n`` tasks: distinct task ids drawn (seeded) when the env lists its tasks, else seeds."""
-    listed = getattr(env.unwrapped, "task_ids", None)
-    ids = [str(t) for t in (listed() or [])] if callable(listed) else []
+    ids = [str(t) for t in envs.registry.task_ids(env) or []]
     if not ids:
         return [seed + i for i in range(n)]
     rng = random.Random(seed)

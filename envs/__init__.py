@@ -8,6 +8,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
 from treegym.envs.core import (
+    BOOKKEEPING_WRAPPERS,
     ForkableEnv,
     NotForkableError,
     Plan,
@@ -49,7 +50,7 @@ _SHARED = (gym.Space, EnvSpec)
 # gymnasium's record of a wrapper's constructor arguments (written once, only read after), and
 # PassiveEnvChecker's last (obs, info), kept only to test identity.
 _SHARED_KEYS = frozenset({"env", "_saved_kwargs", "_previous_data"})
-_BOOKKEEPING = frozenset({gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker})
+_BOOKKEEPING = frozenset(BOOKKEEPING_WRAPPERS)
 
 
 def _copy_wrapper(wrapper: gym.Wrapper, inner: gym.Env) -> gym.Wrapper:

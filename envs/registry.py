@@ -80,6 +80,13 @@ def env_class(spec: str) -> Any:
     return ep
 
 
+def task_ids(env: gym.Env) -> list[Any] | None:
+    """The task ids of ``env`` (wrapped or not): ``ForkableEnv.task_ids``, or None for an env that
+    draws its tasks from the seed (or does not say)."""
+    listed = getattr(env.unwrapped, "task_ids", None)
+    return listed() if callable(listed) else None
+
+
 def score_name(env_id: str) -> str:
     """What an env's held-out score is called: ``EM`` for QA envs (an answer string is graded),
     ``success`` for every other env."""

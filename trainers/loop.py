@@ -29,6 +29,7 @@ from tqdm import tqdm
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.types import RolloutBatch
+from treegym.envs import registry as env_registry
 from treegym.envs.core import success
 from treegym.errors import TreegymError
 from treegym.trainers import engines, parallel
@@ -164,7 +165,7 @@ class Run:
             return None
         cfg, dist = self.cfg, self.dist
         temperature = cfg.run.eval_temperature if temperature is None else temperature
-        prompts = rt.eval_prompts(rt.task_ids(self.eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
+        prompts = rt.eval_prompts(env_registry.task_ids(self.eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
         with torch.no_grad(), rt.autocast(self.device, cfg.model_opts.bf16):
             local = evaluate_policy(self.policy, self.eval_env, prompts, cfg, self.mode, temperature,
                                     progress=self.progress and dist.main)
@@ -226,7 +227,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, p
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     run = Run(cfg, folder, dist, device, algo, model, tokenizer, scorer, reference,
               updater, policy, generators, env, rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
-              rt.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log,
+              env_registry.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log,
               progress=progress, engine=engine, sharded=sharded)
     if "em_before" not in state.extra:
         before = run.evaluate_heldout()

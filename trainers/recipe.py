@@ -127,13 +127,14 @@ def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) ->
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
     from treegym.agents.rollout.context import resolve_mode
+    from treegym.envs import registry as env_registry
     from treegym.trainers import runtime as rt
     from treegym.trainers.heldout import evaluate_policy
 
     device = _device(cfg)
     model, tokenizer = load_model(model_spec, device=device, dtype=torch.float32)
     env = rt.make_env(cfg, cfg.run.eval_split)
-    prompts = rt.eval_prompts(rt.task_ids(env), cfg.run.eval_n)
+    prompts = rt.eval_prompts(env_registry.task_ids(env), cfg.run.eval_n)
     mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
     with torch.no_grad(), rt.autocast(torch.device(device), cfg.model_opts.bf16):
         return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature,

@@ -263,12 +263,6 @@ def preflight(cfg: TrainConfig) -> None:
     resolve_model_folder(cfg.model)
 
 
-def task_ids(env: gym.Env) -> list[Any] | None:
-    """The env's task ids (``ForkableEnv.task_ids``), or None if it draws tasks from seeds."""
-    ids = getattr(env.unwrapped, "task_ids", None)
-    return ids() if callable(ids) else None
-
-
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:
     """Prompts ``start .. start+count`` of the training stream: a reshuffled pass per epoch."""
     out = []

@@ -282,6 +282,7 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 
 def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResult:
     """Collect (or read) expert episodes, train, save, and score before and after (see module doc)."""
+    from treegym.envs import registry as env_registry
     from treegym.trainers import runtime as rt
     from treegym.trainers.config import TrainConfig
 
@@ -298,7 +299,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
     else:
         expert = make_expert(cfg.expert, cfg.env, cfg.max_turns)
         env = rt.make_env(tcfg, cfg.train_split)
-        prompts = rt.train_prompts(rt.task_ids(env), cfg.seed, 0, cfg.episodes)
+        prompts = rt.train_prompts(env_registry.task_ids(env), cfg.seed, 0, cfg.episodes)
         episodes = collect_episodes(env, expert, prompts, progress)
         source = f"{cfg.expert} expert on {cfg.env} ({cfg.train_split})"
 
@@ -316,7 +317,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
         f"{sum(e.n_labels for e in examples):,} action tokens of {sum(len(e.token_ids) for e in examples):,}")
 
     eval_env = rt.make_env(tcfg, cfg.eval_split) if cfg.eval_n else None
-    eval_prompts = rt.eval_prompts(rt.task_ids(eval_env), cfg.eval_n) if eval_env is not None else []
+    eval_prompts = rt.eval_prompts(env_registry.task_ids(eval_env), cfg.eval_n) if eval_env is not None else []
 
     def score() -> FormatScore | None:
         if eval_env is None:

@@ -32,7 +32,6 @@ from treegym.envs.core import ForkableEnv, Snapshot, base_env
 from treegym.envs.pool import EnvPool
 from treegym.errors import ConfigError
 
-# A prompt names one task: reset options (e.g. {"task_id": ...}), a seed, or None (random).
 EnvSource = Union[Callable[[], gym.Env], gym.Env]
 Expansion = Literal["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"]
 EXPANSIONS: tuple[str, ...] = ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")
