@@ -264,6 +264,53 @@ def test_heuristic_agent_solves_most_tasks_from_the_text_alone():
     assert sum(ep.reward for ep in episodes) >= 0.7 * len(episodes)
 
 
+def test_heuristic_searches_only_where_the_goal_object_can_be_and_number_one_first():
+    from treegym.agents.resolve import scripted_agent
+    from treegym.envs.household.catalogue import CAN_CONTAIN
+
+    agent = scripted_agent("heuristic", "TextHousehold-v0")
+    env = TextHouseholdEnv(split="seen")
+    checked = 0
+    for tid in _sample("seen", 4, seed=5):
+        ep = run_episode(env, agent, options={"task_id": tid}, max_turns=12)
+        goal = make_task(tid).world.goal
+        held = False
+        for k in range(1, len(ep.messages) - 1, 2):
+            cmd, obs = ep.messages[k]["content"], ep.messages[k + 1]["content"]
+            if obs.startswith("You pick up the "):
+                held = True
+            if held or not cmd.startswith("go to "):
+                continue
+            kind, number = cmd[len("go to "):].rsplit(" ", 1)
+            # While searching it never visits a receptacle that cannot hold the goal object,
+            # and never the target kind (the object is to end there, not start there).
+            assert goal.obj in CAN_CONTAIN[kind] and kind != goal.target, (tid, cmd)
+            checked += 1
+        # Its first move is a number-1 receptacle: every kind in a room has one.
+        first = ep.messages[1]["content"]
+        assert not first.startswith("go to ") or first.endswith(" 1"), (tid, first)
+    assert checked >= 24
+
+
+def test_heuristic_is_the_household_warm_start_expert_and_solves_most_tasks_in_its_turn_budget():
+    from treegym.agents.resolve import scripted_agent
+    from treegym.trainers.config import load_config
+    from treegym.trainers.recipe import EXPERTS
+    from treegym.trainers.sft_data import collect_episodes
+
+    # The oracle walks to where an object is hidden, which the text never shows: a model cannot
+    # imitate that. The warm start imitates the heuristic, which plays from the text.
+    assert EXPERTS["TextHousehold-v0"] == "heuristic"
+    turns = load_config(None, [("env", "TextHousehold-v0")]).sampler.max_turns
+    env = TextHouseholdEnv(split="train")
+    prompts = [{"task_id": t} for t in _sample("train", 5, seed=7)]
+    episodes = collect_episodes(env, scripted_agent("heuristic", "TextHousehold-v0"), prompts, max_turns=turns)
+    assert len(episodes) == len(prompts)
+    assert all(sum(m["role"] == "assistant" for m in ep.messages) <= turns for ep in episodes)
+    solved = sum(ep.em for ep in episodes)
+    assert 0.45 * len(episodes) <= solved < len(episodes)  # the budget cuts some searches short
+
+
 def test_a_step_after_the_episode_ended_is_refused_like_the_qa_envs():
     env, _, _ = _env(max_steps=2)
     env.step("look")

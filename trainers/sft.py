@@ -300,7 +300,7 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
         expert = make_expert(cfg.expert, cfg.env, cfg.max_turns)
         env = rt.make_env(tcfg, cfg.train_split)
         prompts = rt.train_prompts(env_registry.task_ids(env), cfg.seed, 0, cfg.episodes)
-        episodes = collect_episodes(env, expert, prompts, progress)
+        episodes = collect_episodes(env, expert, prompts, progress, max_turns=cfg.max_turns)
         source = f"{cfg.expert} expert on {cfg.env} ({cfg.train_split})"
 
     from treegym.agents.models import load_model

@@ -82,13 +82,16 @@ def make_expert(name: str, env_id: str, max_turns: int) -> Any:
     return agent
 
 
-def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress: bool = False) -> list[ExpertEpisode]:
-    """Run ``expert`` on each prompt (reset options or a seed) of ``env``; failed episodes are skipped."""
+def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress: bool = False,
+                     max_turns: int | None = None) -> list[ExpertEpisode]:
+    """Run ``expert`` on each prompt (reset options or a seed) of ``env``, for at most
+    ``max_turns`` actions (the policy's own budget: an episode that needs more is cut and counts
+    as unsolved); episodes where the expert raised are skipped."""
     bar = progress_bar(len(prompts), "expert episodes", progress)
     out: list[ExpertEpisode] = []
     for prompt in prompts:
         seed, options = reset_args(prompt)
-        ep = run_episode(env, expert, seed=seed, options=options)
+        ep = run_episode(env, expert, seed=seed, options=options, max_turns=max_turns)
         if bar is not None:
             bar.update(1)
         if ep.error is None:
