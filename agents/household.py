@@ -51,6 +51,12 @@ def _names(listing: str) -> list[str]:
     return [e.strip()[2:] for e in listing.replace(", and ", ", ").split(", ") if e.strip().startswith("a ")]
 
 
+def _number(name: str) -> int:
+    """The instance number of ``cabinet 3`` (0 for a name without one)."""
+    tail = name.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 class HouseholdHeuristic:
     """Search-and-act baseline for TextHousehold (and ALFWorld's text): ``act(messages) -> str``."""
 
@@ -127,7 +133,7 @@ class HouseholdHeuristic:
         # Number 1 of every kind first (it always exists), then the 2s, ...; open kinds before
         # closed ones (opening costs a turn). Objects are spread evenly over the receptacles that
         # can hold them, so this order finds them as fast as any, and it is easy to imitate.
-        todo.sort(key=lambda r: (int(r.rsplit(" ", 1)[1]), r.rsplit(" ", 1)[0] in OPENABLE))
+        todo.sort(key=lambda r: (_number(r), r.rsplit(" ", 1)[0] in OPENABLE))
         todo = todo or [r for r in recs if r not in visited and r.rsplit(" ", 1)[0] != target] or recs
         return f"go to {todo[0]}"
 

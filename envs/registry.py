@@ -4,7 +4,8 @@ train, eval, play and SFT all call.
 A per-use default is a registered variant with its kwargs, as Gymnasium does it (``FrozenLake8x8``
 is ``FrozenLake`` with ``map_name="8x8"``): ``TreeSearchQA-Train-v0`` is ``TreeSearchQA-v0`` on BM25
 (builds in seconds, no embedder forward per query: what a 2-core run can afford) scored with
-Tree-GRPO's format-aware table, and ``WebSearchQA-Train-v0`` is ``WebSearchQA-v0`` with that table.
+Tree-GRPO's format-aware table, ``WebSearchQA-Train-v0`` is ``WebSearchQA-v0`` with that table, and
+``TextHousehold-Train-v0`` takes 0.1 off each inadmissible command (verl-agent's ALFWorld penalty).
 The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation reads
 ``info["em"]``/``info["success"]``, so the shaping never reaches a reported score.
 """
@@ -31,6 +32,7 @@ _ENTRY_POINTS = {
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "TreeSearchQA-Train-v0": ("TreeSearchQA-v0", {"index": "bm25", "format_score": True}),
     "WebSearchQA-Train-v0": ("WebSearchQA-v0", {"format_score": True}),
+    "TextHousehold-Train-v0": ("TextHousehold-v0", {"invalid_penalty": 0.1}),
 }
 
 

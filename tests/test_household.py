@@ -334,3 +334,22 @@ def test_restore_refuses_a_hand_made_snapshot_with_a_wrong_state_type():
     with pytest.raises(TypeError, match="snapshot state must be a HouseholdState"):
         env.restore(Snapshot("TextHouseholdEnv", {"task_id": COOL_TASK}))
     env.restore(Snapshot("TextHouseholdEnv", None))  # the state before a reset is a state too
+
+
+def test_training_variant_takes_a_tenth_off_each_inadmissible_command_and_never_off_success():
+    from treegym.envs import registry
+    from treegym.errors import ConfigError
+
+    assert registry.training_id("TextHousehold-v0") == "TextHousehold-Train-v0"
+    train = registry.make("TextHousehold-Train-v0", "train")
+    plain = registry.make("TextHousehold-v0", "train")
+    for env in (train, plain):
+        env.reset(options={"task_id": COOL_TASK})
+    assert train.step("fly to the moon")[1] == pytest.approx(-0.1)
+    assert plain.step("fly to the moon")[1] == 0.0
+    assert train.step("look")[1] == 0.0  # admissible: no penalty
+    steps = [train.step(cmd) for cmd in walkthrough(make_task(COOL_TASK))]
+    _, reward, terminated, _, info = steps[-1]
+    assert terminated and reward == 1.0 and info["success"] == 1.0
+    with pytest.raises(ConfigError, match="invalid_penalty must be in"):
+        registry.make("TextHousehold-v0", "train", invalid_penalty=-1)

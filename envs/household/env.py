@@ -53,7 +53,11 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     "Nothing happens." and ``info["invalid_action"] = True``; it still counts as a step.
 
     **Reward.** 1 on the step that achieves the goal, else 0. The episode terminates on success
-    and is truncated after ``max_steps`` steps.
+    and is truncated after ``max_steps`` steps. ``invalid_penalty`` (default 0; 0.1 in the
+    training variant ``TextHousehold-Train-v0``, as verl-agent trains ALFWorld) is subtracted on
+    every step whose command is not admissible, so that a rollout which grounds its commands in
+    what it sees earns more than one that does not, even when neither succeeds. ``info["success"]``
+    never includes it.
 
     **Info.** ``admissible_commands`` (sorted, as ALFWorld's), ``won``, ``task_id``,
     ``task_type``, ``invalid_action``, ``steps``.
@@ -63,6 +67,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
 
     **Arguments.** ``split`` (train | seen | unseen, or valid_seen / valid_unseen),
     ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget),
+    ``invalid_penalty`` (default 0),
     ``render_mode`` (None or "ansi": ``render()`` returns the ``look`` text).
 
     **Agreement with ALFWorld's TextWorld engine.** ``tests/test_household_alfworld.py`` exports
@@ -110,11 +115,15 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         max_steps: int = 50,
         max_action_chars: int = 1 << 20,
         render_mode: str | None = None,
+        invalid_penalty: float = 0.0,
     ) -> None:
         super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars, render_mode=render_mode)
         self.split = normalize_split(split)
         self.task_types = self._check_types(task_types)
         self.max_steps = int(max_steps)
+        self.invalid_penalty = float(invalid_penalty)
+        if not 0.0 <= self.invalid_penalty <= 1.0:
+            raise ValueError(f"invalid_penalty must be in [0, 1], got {invalid_penalty!r}")
         self._task: Task | None = None
         # The admissible actions of the last state seen: (state, command -> action). Read-only
         # once built, so forks may share it.
@@ -197,7 +206,7 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
             game, obs = apply(world, s.game, action)
         # Only a change of state can achieve the goal; look, examine and the like cannot.
         won = s.won or (game is not s.game and goal_met(world, game))
-        reward = 1.0 if won and not s.won else 0.0
+        reward = (1.0 if won and not s.won else 0.0) - (self.invalid_penalty if action is None else 0.0)
         self.state = HouseholdState(s.task_id, game, s.steps + 1, won)
         truncated = not won and self.state.steps >= self.max_steps
         info = self._info(action is None)
