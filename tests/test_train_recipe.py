@@ -4,6 +4,7 @@ is built once and cached, the summary shows each phase, and a finished run keeps
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,25 @@ def test_household_defaults_fit_the_env() -> None:
     assert cfg.sampler.max_turns == 10 and cfg.sampler.max_new_tokens == 16
     cfg = load_config(overrides=[("env", "TextHousehold-v0"), ("sampler.max_turns", 3)])
     assert cfg.sampler.max_turns == 3  # the user's value wins over the env's default
+
+
+def test_summary_gives_each_phase_gain_of_the_score_and_of_the_well_formed_rate() -> None:
+    from types import SimpleNamespace
+
+    from treegym.trainers.cli_train import phase_summary, summary_table
+    from treegym.trainers.heldout import HeldOut
+
+    n = 32
+    untrained = HeldOut((0.0,) * n, (0.0,) * n, (0.0,) * n)
+    warm = HeldOut((1.0,) * 4 + (0.0,) * (n - 4), (0.5,) * n, (0.0,) * n)
+    after = HeldOut((1.0,) * 4 + (0.0,) * (n - 4), (0.75,) * n, (0.0,) * n)
+    result = SimpleNamespace(eval_before=warm, eval_after=after, steps=3, tokens_total=100, seconds=1.0, folder="/nowhere")
+    phases = phase_summary(result, SimpleNamespace(untrained=untrained, examples=8, cached=True, seconds=0.0))
+    names = ["untrained -> after warm start", "after warm start -> after RL", "untrained -> after RL"]
+    assert list(phases["gains"]) == names and list(phases["well_formed_gains"]) == names
+    assert phases["well_formed_gains"]["untrained -> after RL"] == pytest.approx([0.75, 0.75, 0.75])
+    assert phases["well_formed_gains"]["after warm start -> after RL"] == pytest.approx([0.25, 0.25, 0.25])
+    assert phases["gains"]["after warm start -> after RL"] == pytest.approx([0.0, 0.0, 0.0])
+    cfg = load_config(overrides=[("env", "TextHousehold-v0")])
+    table = summary_table(cfg, "smollm2", result, SimpleNamespace(examples=8, cached=True, seconds=0.0), phases)
+    assert re.search(r"gain untrained -> after RL\s+\+12\.5 pts \[.*\]  well-formed \+75\.0 pts \[\+75\.0, \+75\.0\]", table)

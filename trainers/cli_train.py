@@ -85,24 +85,27 @@ def _iv(iv: Any) -> list[float]:
 
 def phase_summary(result: Any, ws: Any) -> dict[str, Any]:
     """Held-out EM (or success), well-formed rate and tool calls per phase, with 95% intervals,
-    and each phase's paired gain on the same prompts."""
+    and each phase's paired gain on the same prompts, of the score (``gains``) and of the
+    well-formed rate (``well_formed_gains``)."""
     from treegym.trainers.heldout import paired_difference
 
     stages = [("untrained", ws.untrained if ws is not None else None),
               ("after warm start" if ws is not None else "before RL", result.eval_before),
               ("after RL", result.eval_after)]  # fmt: skip
-    out: dict[str, Any] = {"phases": {}, "gains": {}}
+    out: dict[str, Any] = {"phases": {}, "gains": {}, "well_formed_gains": {}}
     for name, h in stages:
         if h is not None:
             iv = h.intervals()
             out["phases"][name] = {"n": h.n, "em": _iv(iv["em"]), "well_formed": _iv(iv["well_formed"]),
                                    "tool_calls": _iv(iv["tool_calls"])}  # fmt: skip
     got = [(n, h) for n, h in stages if h is not None]
-    for (n0, h0), (n1, h1) in zip(got, got[1:]):
+    pairs = list(zip(got, got[1:]))
+    if len(got) > 2:
+        pairs.append((got[0], got[-1]))
+    for (n0, h0), (n1, h1) in pairs:
         if h0.n == h1.n:
             out["gains"][f"{n0} -> {n1}"] = _iv(paired_difference(h1, h0))
-    if len(got) > 2 and got[0][1].n == got[-1][1].n:
-        out["gains"][f"{got[0][0]} -> {got[-1][0]}"] = _iv(paired_difference(got[-1][1], got[0][1]))
+            out["well_formed_gains"][f"{n0} -> {n1}"] = _iv(paired_difference(h1, h0, "well_formed"))
     return out
 
 
@@ -148,7 +151,8 @@ def summary_table(cfg: Any, base_model: str, result: Any, ws: Any, phases: dict[
         table.append((f"{metric} {name}", f"{pct(p['em'])}  well-formed {100 * p['well_formed'][0]:.0f}%, "
                                           f"tool calls/episode {p['tool_calls'][0]:.2f}  (n={p['n']})"))
     for name, g in phases["gains"].items():
-        table.append((f"gain {name}", pts(g)))
+        wf = phases.get("well_formed_gains", {}).get(name)
+        table.append((f"gain {name}", pts(g) + (f"  well-formed {pts(wf)}" if wf else "")))
     rows += table
     rows += [("time (RL phase)", f"{result.seconds:.0f} s"), ("run folder", str(result.folder))]
     final = Path(result.folder) / "final"
