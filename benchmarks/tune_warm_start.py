@@ -28,7 +28,7 @@ from treegym.agents.rollout.context import resolve_mode
 from treegym.envs import registry as env_registry
 from treegym.trainers import runtime as rt
 from treegym.trainers.config import load_config
-from treegym.trainers.recipe import EXPERTS
+from treegym.trainers.recipe import expert_for
 from treegym.trainers.sft import SFTConfig, run_sft, well_formed_rate
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(args.keep) / spec.replace(":", "_") if args.keep else Path(tmp) / "m"
             sft = SFTConfig(out=str(out), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs),
-                            expert=EXPERTS[cfg.env], episodes=int(episodes), epochs=int(epochs), lr=float(lr),
+                            expert=expert_for(cfg.env), episodes=int(episodes), epochs=int(epochs), lr=float(lr),
                             batch_size=int(batch), micro_batch_size=min(4, int(batch)), max_turns=s.max_turns,
                             max_new_tokens=s.max_new_tokens, mode=s.context_mode, eval_n=0, seed=args.seed)
             t0 = time.perf_counter()

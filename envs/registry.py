@@ -56,6 +56,12 @@ def training_id(env_id: str) -> str:
     return variant if variant in VARIANTS else env_id
 
 
+def base_id(env_id: str) -> str:
+    """The id a registered variant is a variant of (``TextHousehold-Train-v0`` ->
+    ``TextHousehold-v0``); any other id is its own base."""
+    return VARIANTS[env_id][0] if env_id in VARIANTS else env_id
+
+
 def env_kwargs(env_id: str) -> dict[str, Any]:
     """The kwargs a registered id adds to its entry point (a variant's; {} for a base id)."""
     return dict(VARIANTS[env_id][1]) if env_id in VARIANTS else {}

@@ -292,9 +292,12 @@ ENV_DEFAULTS: dict[str, dict[str, Any]] = {
 def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> TrainConfig:
     """Defaults, the env's defaults (``ENV_DEFAULTS``), the YAML file (if any), the overrides,
     then validation."""
+    from treegym.envs.registry import base_id
+
     cfg = _load(path, overrides, {})
-    if cfg.env in ENV_DEFAULTS:  # a second pass, now that the env is known
-        cfg = _load(path, overrides, ENV_DEFAULTS[cfg.env])
+    family = base_id(cfg.env)  # a registered variant (X-Train-v0) trains with its base's defaults
+    if family in ENV_DEFAULTS:  # a second pass, now that the env is known
+        cfg = _load(path, overrides, ENV_DEFAULTS[family])
     return validate(cfg)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from treegym.envs.registry import score_name
+from treegym.envs.registry import base_id, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import TrainConfig
@@ -48,15 +48,20 @@ class WarmStart:
     untrained: HeldOut | None  # the base model on the run's held-out prompts
 
 
+def expert_for(env_id: str) -> str | None:
+    """The scripted expert the warm start imitates on ``env_id`` (or on the env it is a variant of)."""
+    return EXPERTS.get(base_id(env_id))
+
+
 def wants_warm_start(cfg: TrainConfig) -> bool:
     """``auto``: for the embedded model (which cannot write the action format) on an env with an expert."""
     if cfg.warm_start == "off":
         return False
     if cfg.warm_start == "on":
-        if cfg.env not in EXPERTS:
+        if expert_for(cfg.env) is None:
             raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {', '.join(EXPERTS)})")
         return True
-    return cfg.model.lower() == "smollm2" and cfg.env in EXPERTS
+    return cfg.model.lower() == "smollm2" and expert_for(cfg.env) is not None
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
@@ -65,7 +70,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
     s = cfg.sampler
     return {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
-        "env_kwargs": train_env_kwargs(cfg), "expert": EXPERTS.get(cfg.env),
+        "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
@@ -101,7 +106,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     sft = SFTConfig(
-        out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=EXPERTS[cfg.env],
+        out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=expert_for(cfg.env),
         episodes=cfg.warm_start_episodes, max_turns=cfg.sampler.max_turns, max_new_tokens=cfg.sampler.max_new_tokens,
         mode=cfg.sampler.context_mode, eval_n=0, train_split=cfg.run.train_split, seed=cfg.seed,
         device=_device(cfg), lr=WARM_START_LR,
