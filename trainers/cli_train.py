@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from treegym.envs.registry import score_name
-from treegym.trainers.config import help_text, load_config, parse_overrides
+from treegym.trainers.config import env_defaults_text, help_text, load_config, parse_overrides
 
 EXAMPLES = """\
 examples:
@@ -18,7 +18,10 @@ examples:
   treegym train --algo grpo --steps 20 --optim.lr=1e-5
   treegym train --algo treeopsd --config my.yaml --loss.beta=0.5
   torchrun --nproc_per_node 2 -m treegym.cli train --algo grpo   # data-parallel replicas
+  treegym train --env TextHousehold-v0            # household: 10 turns, warm start on 128 heuristic episodes
+  treegym train --env WebSearchQA-v0              # web: search, browse, answer
 
+{env_defaults}
 Every config field can be overridden as --section.field=value (or --field=value when the
 name is unique). Fields, with their defaults:
 """
@@ -30,7 +33,7 @@ def add_commands(subparsers: Any) -> None:
         help="train a policy with GRPO, Tree-GRPO or TreeOPSD",
         description="Train an LLM agent on a forkable env. Writes a run folder (config, metrics.jsonl, "
         "TensorBoard events, checkpoints, plots, trees.html) and resumes from its latest checkpoint.",
-        epilog=EXAMPLES + help_text(),
+        epilog=EXAMPLES.format(env_defaults=env_defaults_text()) + help_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--algo", choices=["grpo", "tree-grpo", "treeopsd"], help="algorithm (default: tree-grpo)")

@@ -335,6 +335,20 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     return validate(cfg)
 
 
+def env_defaults_text() -> str:
+    """The per-env defaults (``ENV_DEFAULTS``) as help lines: they apply under the YAML file and
+    the command line, and a registered variant (``X-Train-v0``) gets its base env's."""
+    from treegym.envs.registry import VARIANTS
+
+    lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
+    for env_id, values in ENV_DEFAULTS.items():
+        lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
+    for variant, (base, kwargs) in VARIANTS.items():
+        lines.append(f"  {base} -> {variant}: " + ", ".join(f"{k}={v}" for k, v in kwargs.items()))
+    return "\n".join(lines) + "\n"
+
+
 def help_text() -> str:
     """One line per field: path, default, choices and help (for ``treegym train --help``)."""
     lines = []
