@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from treegym.envs.household.catalogue import CAN_CONTAIN, OPENABLE
+from treegym.envs.household.catalogue import CAN_CONTAIN, LAMP_HOSTS, OPENABLE
 from treegym.envs.household.planner import next_command
 from treegym.envs.household.tasks import TEMPLATES, Task, make_task
 from treegym.envs.household.text import extract_command
@@ -49,6 +49,11 @@ def parse_goal(prompt: str) -> tuple[str, str, str] | None:
 
 def _names(listing: str) -> list[str]:
     return [e.strip()[2:] for e in listing.replace(", and ", ", ").split(", ") if e.strip().startswith("a ")]
+
+
+def _kind(name: str) -> str:
+    """The kind of ``cabinet 3`` or ``potato 1``: the name without its instance number."""
+    return name.rsplit(" ", 1)[0]
 
 
 def _number(name: str) -> int:
@@ -103,39 +108,38 @@ class HouseholdHeuristic:
                 return f"open {r}"
             return then
 
-        if held and held.rsplit(" ", 1)[0] == obj:
+        if held and _kind(held) == obj:
             if task_type == "look_at_obj_in_light":
                 lamps = [n for n in here if n.startswith("desklamp ")]
                 if lamps:
                     return f"use {lamps[0]}"
-                hosts = [r for r in recs if r.rsplit(" ", 1)[0] in ("desk", "sidetable", "dresser")]
+                hosts = [r for r in recs if _kind(r) in LAMP_HOSTS]
                 todo = [r for r in hosts if r not in since_pickup] or hosts
                 return f"go to {todo[0]}"
             if task_type in TREAT and not treated:
                 verb, kind = TREAT[task_type]
-                app = next(r for r in recs if r.rsplit(" ", 1)[0] == kind)
+                app = next(r for r in recs if _kind(r) == kind)
                 return go_or(app, f"{verb} {held} with {app}")
-            dest = next(r for r in recs if r.rsplit(" ", 1)[0] == target)
+            dest = next(r for r in recs if _kind(r) == target)
             return go_or(dest, f"move {held} to {dest}")
         if held:  # wrong object: put it back where it is
             return f"move {held} to {loc}"
         if f"The {loc} is closed." in last:
             return f"open {loc}"
-        wanted = [n for n in here if n.rsplit(" ", 1)[0] == obj and n not in placed]
-        if wanted and loc.rsplit(" ", 1)[0] != target:
+        wanted = [n for n in here if _kind(n) == obj and n not in placed]
+        if wanted and _kind(loc) != target:
             return f"take {wanted[0]} from {loc}"
-        spotted = [r for r, names in seen.items() if r != loc and r.rsplit(" ", 1)[0] != target
-                   and any(n.rsplit(" ", 1)[0] == obj and n not in placed for n in names)]
+        spotted = [r for r, names in seen.items() if r != loc and _kind(r) != target
+                   and any(_kind(n) == obj and n not in placed for n in names)]
         if spotted:
             return f"go to {spotted[0]}"
-        todo = [r for r in recs if r not in visited and r.rsplit(" ", 1)[0] != target
-                and obj in CAN_CONTAIN.get(r.rsplit(" ", 1)[0], ())]
+        unvisited = [r for r in recs if r not in visited and _kind(r) != target]
         # Number 1 of every kind first (it always exists), then the 2s, ...; open kinds before
         # closed ones (opening costs a turn). Objects are spread evenly over the receptacles that
         # can hold them, so this order finds them as fast as any, and it is easy to imitate.
-        todo.sort(key=lambda r: (_number(r), r.rsplit(" ", 1)[0] in OPENABLE))
-        todo = todo or [r for r in recs if r not in visited and r.rsplit(" ", 1)[0] != target] or recs
-        return f"go to {todo[0]}"
+        todo = sorted((r for r in unvisited if obj in CAN_CONTAIN.get(_kind(r), ())),
+                      key=lambda r: (_number(r), _kind(r) in OPENABLE))
+        return f"go to {(todo or unvisited or recs)[0]}"
 
 
 class HouseholdOracle:
