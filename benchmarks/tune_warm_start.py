@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -23,38 +22,21 @@ from pathlib import Path
 import torch
 
 import treegym  # noqa: F401  (registers the envs)
+from treegym.agents.eval import wilson_interval
 from treegym.agents.models import load_model
 from treegym.agents.rollout.context import resolve_mode
 from treegym.envs import registry as env_registry
+from treegym.envs.core import success
 from treegym.trainers import runtime as rt
 from treegym.trainers.config import load_config
 from treegym.trainers.recipe import expert_for
-from treegym.trainers.sft import SFTConfig, run_sft, well_formed_rate
+from treegym.trainers.sft import SFTConfig, format_score, greedy_chains, run_sft
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
-
-
-def _write_traces(model, tok, env, prompts, cfg, path: Path) -> None:
-    """Greedy episodes on a few tuning tasks, as text: what the model does, to read."""
-    from treegym.agents.hf_policy import HFPolicy
-    from treegym.agents.policy import SamplingParams
-    from treegym.agents.rollout.samplers import sample_chains
-
-    s = cfg.sampler
-    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
-    with torch.no_grad():
-        batch = sample_chains(HFPolicy(model, tok), env, list(prompts), 1, params, max_turns=s.max_turns,
-                              mode=resolve_mode(s.context_mode, tok))
+def _write_traces(tok, batch, path: Path, limit: int = 8) -> None:
+    """The first ``limit`` greedy episodes of the tuning batch, as text: what the model does, to read."""
     lines = []
-    for tree in batch.trees:
+    for tree in batch.trees[:limit]:
         lines.append(tok.decode(tree.prompt_ids).rsplit("Your task is to:", 1)[-1].split("<|")[0].strip())
         for node in tree.nodes:
             if node.turn is not None:
@@ -76,28 +58,29 @@ def main() -> None:
 
     cfg = load_config(None, [("env", args.env)])
     s = cfg.sampler
-    eval_env = rt.make_env(cfg, env_registry.resolve_split(env_registry.env_class(cfg.env), cfg.env, cfg.run.eval_split))
+    eval_env = rt.make_env(cfg, cfg.run.eval_split)
     ids = env_registry.task_ids(eval_env)
     prompts = [{"task_id": t} for t in ids[args.offset : args.offset + args.n]]
     rows = []
     for spec in args.grid:
-        episodes, epochs, lr, batch = spec.split(":")
+        episodes, epochs, lr, batch_size = spec.split(":")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(args.keep) / spec.replace(":", "_") if args.keep else Path(tmp) / "m"
             sft = SFTConfig(out=str(out), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs),
                             expert=expert_for(cfg.env), episodes=int(episodes), epochs=int(epochs), lr=float(lr),
-                            batch_size=int(batch), micro_batch_size=min(4, int(batch)), max_turns=s.max_turns,
+                            batch_size=int(batch_size), micro_batch_size=min(4, int(batch_size)), max_turns=s.max_turns,
                             max_new_tokens=s.max_new_tokens, mode=s.context_mode, eval_n=0, seed=args.seed)
             t0 = time.perf_counter()
             result = run_sft(sft, progress=False, log=lambda *_: None)
             seconds = time.perf_counter() - t0
             model, tok = load_model(str(result.folder), device="cpu", dtype=torch.float32)
-            score = well_formed_rate(model, tok, eval_env, prompts, resolve_mode(s.context_mode, tok), s.max_turns,
-                                     s.max_new_tokens, args.seed)
+            batch = greedy_chains(model, tok, eval_env, prompts, resolve_mode(s.context_mode, tok), s.max_turns,
+                                  s.max_new_tokens, args.seed)
+            score = format_score(batch)
             if args.keep:
-                _write_traces(model, tok, eval_env, prompts[:8], cfg, out / "tuning_traces.txt")
-        k = round(score.em * score.n)
-        lo, hi = wilson(k, score.n)
+                _write_traces(tok, batch, out / "tuning_traces.txt")
+        iv = wilson_interval([success(r.info) for r in batch.rollouts])
+        lo, hi = iv.low, iv.high
         row = {"setting": spec, "success": score.em, "ci": [lo, hi], "well_formed": score.well_formed,
                "examples": result.examples, "label_tokens": result.label_tokens, "sft_s": seconds,
                "loss_last": result.loss_last}

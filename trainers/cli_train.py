@@ -18,7 +18,7 @@ examples:
   treegym train --algo grpo --steps 20 --optim.lr=1e-5
   treegym train --algo treeopsd --config my.yaml --loss.beta=0.5
   torchrun --nproc_per_node 2 -m treegym.cli train --algo grpo   # data-parallel replicas
-  treegym train --env TextHousehold-v0            # household: 10 turns, warm start on 128 heuristic episodes
+  treegym train --env TextHousehold-v0            # household, on its family defaults (below)
   treegym train --env WebSearchQA-v0              # web: search, browse, answer
 
 {env_defaults}

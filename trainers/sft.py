@@ -234,6 +234,12 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 def well_formed_rate(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
                  max_turns: int, max_new_tokens: int, seed: int = 0) -> FormatScore:
     """Greedy chains on ``prompts``: success (EM on QA) per episode, and the share of well-formed actions."""
+    return format_score(greedy_chains(model, tokenizer, env, prompts, mode, max_turns, max_new_tokens, seed))
+
+
+def greedy_chains(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
+                  max_turns: int, max_new_tokens: int, seed: int = 0) -> Any:
+    """One greedy chain per prompt (a ``RolloutBatch``), as the held-out scores play them."""
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.policy import SamplingParams
     from treegym.agents.rollout.samplers import sample_chains
@@ -241,7 +247,11 @@ def well_formed_rate(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: 
     policy = HFPolicy(model, tokenizer, seed=seed)
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens)
     with torch.no_grad():
-        batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode)  # type: ignore[arg-type]
+        return sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode)  # type: ignore[arg-type]
+
+
+def format_score(batch: Any) -> FormatScore:
+    """Success per episode and the share of well-formed actions of a batch of chains."""
     turns = [n.turn for tree in batch.trees for n in tree.nodes if n.turn is not None]
     em = [success(r.info) for r in batch.rollouts]
     good = sum(not t.invalid for t in turns)
