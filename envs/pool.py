@@ -24,6 +24,7 @@ class PoolStats:
     steps: int = 0
     tool_calls: int = 0
     batches: int = 0
+    tool_rounds: int = 0  # steps with at least one tool call: what a latency model charges
     calls_by_tool: dict[str, int] = field(default_factory=dict)
 
 
@@ -40,6 +41,7 @@ class EnvPool:
         bases = [base_env(e) for e in envs]
         plans = [env.plan(a) for env, a in zip(bases, actions)]
         results, batches = run_grouped([(env.tools, plan.calls) for env, plan in zip(bases, plans)])
+        self.stats.tool_rounds += bool(batches)
         for name, n in batches:
             self.stats.batches += 1
             self.stats.tool_calls += n

@@ -34,6 +34,8 @@ def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0) -> Path:
     """Where the model for ``env`` at ``turn_tokens`` tokens per turn is (or will be) cached."""
     key = {"env": type(env).__name__, "horizon": env.horizon, "choices": env.choices, "key_seed": env.key_seed,
            "turn_tokens": turn_tokens, "seed": seed, "version": MODEL_VERSION}  # fmt: skip
+    if hasattr(env, "doors"):
+        key["doors"] = env.doors
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return cache_dir("probe-models") / f"{type(env).__name__}-h{env.horizon}-c{env.choices}-L{turn_tokens}-{digest}"
 
@@ -59,7 +61,7 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
     tok.pre_tokenizer = WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
     torch.manual_seed(seed)
-    longest = 1 + env.horizon * (turn_tokens + 1)
+    longest = 1 + env.horizon * (turn_tokens + env.obs_words)
     config = LlamaConfig(
         vocab_size=len(VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(64, 2 * longest),
@@ -104,8 +106,9 @@ def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, r
     model.train()
     for _ in range(steps):
         episodes = [random_episode(env, turn_tokens, rng) for _ in range(PRIOR_EPISODES)]
-        ids = torch.tensor([tokenizer.convert_tokens_to_ids(w) for w, _ in episodes])
-        mask = torch.tensor([m for _, m in episodes], dtype=torch.bool)
+        width = max(len(w) for w, _ in episodes)  # episodes that end early are right-padded, unmasked
+        ids = torch.tensor([tokenizer.convert_tokens_to_ids(w) + [0] * (width - len(w)) for w, _ in episodes])
+        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in episodes], dtype=torch.bool)
         logits = model(input_ids=ids).logits[:, :-1]
         target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))

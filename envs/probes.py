@@ -24,6 +24,15 @@ legal move is an invalid action (``info["invalid_action"]``) and counts as wrong
   always right. Under the format prior looking does not pay until copying is learned, and
   copying is learned only in the episodes that looked: the chicken-and-egg of tool use.
 
+- ``ProbeMaze-v0`` (deep horizon, visible failure, terminal reward): a corridor of ``doors``
+  doors, each opened by one of ``choices`` symbols (fixed by ``key_seed``), and ``horizon``
+  turns (at least ``doors``). A right move opens the door and the agent walks on; a wrong one
+  is blocked and costs the turn. Each observation says which ("ok"/"no") and the number of
+  the door now ahead; a blocked move sets ``info["failed_step"]``. Reward 1 only at the end,
+  if every door was passed within the turns (the episode ends at the last door or when the
+  turns run out). Agent tasks look like this: many turns, failures you can see, a payoff
+  only on success.
+
 The terminal step's info holds ``success`` and ``em`` (equal: 1.0 or 0.0). A step after the
 episode ended raises ``TreegymError``, as the QA envs do.
 """
@@ -80,6 +89,7 @@ class ProbeEnv(ForkableEnv[ProbeState]):
     """
 
     dense = False
+    obs_words = 1  # words per observation (the probe model's context length is sized by it)
 
     def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0) -> None:
         super().__init__(max_obs_chars=16, max_action_chars=4096)
@@ -207,8 +217,49 @@ class ProbeLookupEnv(ProbeEnv):
         return "go"
 
 
+class ProbeMazeEnv(ProbeEnv):
+    """A corridor of ``doors`` doors in ``horizon`` turns; a blocked move is seen, and costs a turn.
+
+    The state's ``correct`` counts the doors passed; ``keys`` holds each door's symbol.
+    """
+
+    obs_words = 2
+
+    def __init__(self, horizon: int = 8, doors: int | None = None, choices: int = 2, key_seed: int = 0) -> None:
+        super().__init__(horizon, choices, key_seed)
+        doors = horizon if doors is None else doors  # no slack: a lock that says when a move is wrong
+        if not 1 <= doors <= horizon:
+            raise ConfigError(f"ProbeMazeEnv: doors must be in 1..horizon ({horizon}), got {doors}")
+        self.doors = doors
+        self.fixed_keys = self.fixed_keys[:doors]
+
+    def right(self, state: ProbeState, move: str) -> bool:
+        return move == state.keys[state.correct]
+
+    def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
+        self.check_plan(plan)
+        move, s = plan.parsed, self.state
+        legal = move in self.moves
+        hit = legal and self.right(s, move)
+        s = replace(s, turn=s.turn + 1, correct=s.correct + int(hit))
+        won = s.correct == self.doors
+        done = won or s.turn >= self.horizon
+        self.state = s = replace(s, done=done)
+        info: dict[str, Any] = {"turn": s.turn, "invalid_action": not legal, "failed_step": not hit, "tool_calls": 0,
+                                "doors_passed": s.correct}
+        if done:
+            info["success"] = info["em"] = float(won)
+        obs = "" if done else f"{'ok' if hit else 'no'} {TURN_MARKS[s.correct]}"
+        return obs, float(won), done, False, info
+
+    def render(self) -> str:
+        s = self.state
+        return "(not reset)" if s is None else f"turn {s.turn}/{self.horizon}, door {s.correct + 1} of {self.doors}"
+
+
 PROBE_IDS = {
     "ProbeKeys-v0": "treegym.envs.probes:ProbeKeysEnv",
     "ProbeLock-v0": "treegym.envs.probes:ProbeLockEnv",
     "ProbeLookup-v0": "treegym.envs.probes:ProbeLookupEnv",
+    "ProbeMaze-v0": "treegym.envs.probes:ProbeMazeEnv",
 }

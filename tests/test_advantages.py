@@ -127,3 +127,24 @@ def test_unknown_estimator_names_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match="tree-grpo"):
         get_advantage("ppo")
     assert {"grpo", "dr-grpo", "tree-grpo", "treeopsd"} <= set(ADVANTAGES)
+
+
+def test_treeopsd_blend_mixes_turn_credit_with_the_prompt_advantage() -> None:
+    from treegym.agents.rollout.types import Rollout
+    from treegym.trainers.advantages import grpo, treeopsd
+
+    def roll(leaf: int, path: list[int], reward: float) -> Rollout:
+        return Rollout(0, 0, leaf, path, [9] * (1 + len(path)), [0] + [1] * len(path), [0.0] * (1 + len(path)),
+                       [-1] + list(range(len(path))), reward)
+
+    # One shared first turn (node 1), then two siblings: one wins, one loses.
+    rs = [roll(2, [1, 2], 1.0), roll(3, [1, 3], 0.0)]
+    credit = treeopsd(rs, blend=1.0)
+    outcome = grpo(rs)
+    mixed = treeopsd(rs, blend=0.5)
+    for c, o, m in zip(credit.advantages, outcome.advantages, mixed.advantages):
+        assert torch.allclose(m, 0.5 * c + 0.5 * o)
+    # The shared turn has one child of the root: its credit is 0 (the single-child share is logged).
+    assert credit.advantages[0][1] == 0.0 and credit.stats["single_child_frac"] == pytest.approx(1 / 3)
+    with pytest.raises(ConfigError):
+        treeopsd(rs, blend=1.5)

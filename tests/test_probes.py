@@ -107,3 +107,39 @@ def test_probe_model_learns_the_format_but_not_the_answer(tmp_path) -> None:
     legal = probs[tok.convert_tokens_to_ids(list(env.moves))]
     assert float(legal.sum()) > 0.8
     assert float(legal.min() / legal.max()) > 0.5
+
+
+def test_maze_blocks_a_wrong_move_says_so_and_pays_only_past_the_last_door() -> None:
+    env = gym.make("ProbeMaze-v0", horizon=5, doors=3).unwrapped
+    keys = list(env.fixed_keys)
+    wrong = "B" if keys[0] == "A" else "A"
+    env.reset(seed=0)
+    obs, reward, term, _, info = env.step(f"{wrong} x x")
+    assert obs == "no 1" and info["failed_step"] and not info["invalid_action"] and reward == 0.0 and not term
+    obs, _, _, _, info = env.step(keys[0])
+    assert obs == "ok 2" and not info["failed_step"] and info["doors_passed"] == 1
+    env.step(keys[1])
+    obs, reward, term, _, info = env.step(keys[2])  # the last door, at turn 4 of 5: the episode ends
+    assert term and reward == 1.0 and info["success"] == 1.0 and obs == ""
+
+
+def test_maze_that_runs_out_of_turns_pays_nothing_and_flags_garbage_as_invalid() -> None:
+    env = gym.make("ProbeMaze-v0", horizon=3, doors=2).unwrapped
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("%%%")
+    assert info["invalid_action"] and info["failed_step"]
+    wrong = "B" if env.fixed_keys[0] == "A" else "A"
+    env.step(wrong)
+    _, reward, term, _, info = env.step(env.fixed_keys[0])
+    assert term and reward == 0.0 and info["success"] == 0.0
+
+
+def test_maze_needs_doors_within_its_turns() -> None:
+    with pytest.raises(ConfigError, match="doors"):
+        gym.make("ProbeMaze-v0", horizon=4, doors=5)
+
+
+def test_maze_format_prior_pads_episodes_that_end_early(tmp_path) -> None:
+    env = gym.make("ProbeMaze-v0", horizon=4, doors=2).unwrapped
+    folder = build_probe_model(env, 2, folder=tmp_path / "m", steps=3)
+    assert (folder / "model.safetensors").exists()

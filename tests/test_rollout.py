@@ -9,8 +9,9 @@ import pytest
 
 import treegym  # noqa: F401
 from treegym.agents.policy import SamplingParams
+from treegym.agents.rollout.branching import Forest, get_rule
 from treegym.agents.rollout.context import TokenContext
-from treegym.agents.rollout.samplers import choose_nodes, sample_chains, sample_trees, to_rollout
+from treegym.agents.rollout.samplers import sample_chains, sample_trees, to_rollout
 from treegym.agents.rollout.types import Node, Tree, Turn
 from treegym.agents.tree_html import tree_html
 from treegym.envs import fork
@@ -143,12 +144,12 @@ def test_choose_nodes_without_replacement_exhausts_candidates_then_stops():
     rng = random.Random(0)
     picked = []
     for _ in range(3):
-        chosen = choose_nodes(tree, 2, "without_replacement", rng)
+        chosen = [node for _, node in get_rule("without_replacement")(Forest([tree], 2, 1, rng))]
         tree.expanded += chosen
         picked += chosen
     assert sorted(picked) == [0, 1]  # the root and the unfinished turn; never the leaf, never twice
-    with_repl = choose_nodes(tree, 50, "with_replacement", rng)
-    assert set(with_repl) == {0, 1}
+    with_repl = get_rule("with_replacement")(Forest([tree], 50, 1, rng))
+    assert {node for _, node in with_repl} == {0, 1}
 
 
 def test_chain_sampler_gives_group_size_independent_chains(policy, env, prompts):

@@ -15,7 +15,7 @@ Every estimator gives zero advantage, never NaN, to a group whose rewards are al
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -119,6 +119,7 @@ class TokenAdvantages:
     advantages: list[Tensor]
     weights: list[Tensor]
     per_rollout: Tensor  # a scalar summary per rollout (its leaf advantage, or mean turn credit)
+    stats: dict[str, float] = field(default_factory=dict)  # the estimator's own diagnostics, logged by name
 
 
 AdvantageFn = Callable[..., TokenAdvantages]
@@ -246,6 +247,7 @@ def treeopsd(
     normalize_std: bool = False,
     root: str = "tree",
     fallback: bool = False,
+    blend: float = 1.0,
     eps: float = EPS,
 ) -> TokenAdvantages:
     """TreeOPSD turn credit: back rewards up the tree, credit each turn by V(child) - V(parent).
@@ -262,8 +264,14 @@ def treeopsd(
       - ``root="prompt"``: the m trees of a prompt hang from one root whose value is the mean
         reward of the prompt's kept leaves, the GRPO baseline (AgentOPSD's V0);
       - ``fallback``: a turn whose parent has one child (nothing to compare it with) gets
-        V(c) - V0 instead of 0, so an unbranched chain trains like GRPO.
+        V(c) - V0 instead of 0, so an unbranched chain trains like GRPO;
+      - ``blend`` (λ): A = λ·credit + (1 - λ)·the rollout's prompt-level GRPO advantage
+        (AgentOPSD's λ = 0.5). A turn whose parent has one child has credit exactly 0, so with
+        λ = 1 it is not trained at all; the share of such turns is logged as
+        ``single_child_frac``.
     """
+    if not 0.0 <= blend <= 1.0:
+        raise ConfigError(f"treeopsd blend λ must be in [0, 1], got {blend}")
     if root not in OPSD_ROOTS:
         raise ConfigError(f"treeopsd root {root!r} is not one of: {', '.join(OPSD_ROOTS)}")
     parent, reward, is_leaf, prompt_of, index = tree_structure(rollouts, prompt_root=root == "prompt")
@@ -274,21 +282,26 @@ def treeopsd(
     if root == "prompt":
         value = torch.where(parent < 0, prompt_value, value)
     credit = turn_credit(parent, value)
+    children = torch.zeros(len(parent), dtype=torch.int64).index_add_(
+        0, parent.clamp(min=0), (parent >= 0).to(torch.int64))
+    only_child = (parent >= 0) & (children[parent.clamp(min=0)] == 1)
+    edges = int((parent >= 0).sum())
+    single_child = float(only_child.sum()) / edges if edges else 0.0
     if fallback:
-        children = torch.zeros(len(parent), dtype=torch.int64).index_add_(
-            0, parent.clamp(min=0), (parent >= 0).to(torch.int64))
-        only_child = (parent >= 0) & (children[parent.clamp(min=0)] == 1)
         credit = torch.where(only_child, (value - prompt_value).to(torch.float32), credit)
+    outcome = group_normalize(rewards, prompts, eps=eps) if blend < 1.0 else torch.zeros(len(rollouts))
     if normalize_std:
         _, std = group_stats(rewards, prompts)
         scale: dict[int, float] = {r.prompt_index: float(s) for r, s in zip(rollouts, std)}
     weights = _turn_weights(rollouts, index)
     advs, summary = [], []
-    for r in rollouts:
+    for j, r in enumerate(rollouts):
         flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
         per_turn = credit[flat] if flat else torch.zeros(0)
         if normalize_std:
             per_turn = per_turn / (scale[r.prompt_index] + eps)
+        if blend < 1.0:
+            per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
         turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
         on = (torch.tensor(r.loss_mask, dtype=torch.bool)) & (turn >= 0)
         adv = torch.zeros(len(turn))
@@ -296,7 +309,7 @@ def treeopsd(
             adv[on] = per_turn[turn[on]].to(torch.float32)
         advs.append(adv)
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
-    return TokenAdvantages(advs, weights, torch.tensor(summary))
+    return TokenAdvantages(advs, weights, torch.tensor(summary), {"single_child_frac": single_child})
 
 
 # By name, for users and benchmarks that pick an estimator from a string (the algorithm records

@@ -44,7 +44,8 @@ def trees(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: Sam
     """Tree-GRPO's agent-step trees (``sampler.trees/expand_nodes/rounds/leaves/expansion``)."""
     s = cfg.sampler
     return sample_trees(policy, env, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves, params=params,
-                        expansion=s.expansion, seed=seed, **_common(cfg, mode))
+                        expansion=s.expansion, seed=seed, distinct=s.distinct, distinct_retries=s.distinct_retries,
+                        **_common(cfg, mode))
 
 
 def chain_leaves(cfg: TrainConfig) -> int:
@@ -84,7 +85,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                            losses.ppo_clip_loss, ppo_options),
     "treeopsd": Algorithm("treeopsd", trees, tree_leaves, advantages.treeopsd,
                           lambda c: {"normalize_std": c.advantage.normalize_std, "root": c.advantage.opsd_root,
-                                     "fallback": c.advantage.opsd_fallback},
+                                     "fallback": c.advantage.opsd_fallback, "blend": c.advantage.opsd_lambda},
                           losses.treeopsd_loss, opsd_loss_options),
 }
 

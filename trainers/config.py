@@ -37,8 +37,11 @@ class SamplerConfig:
     expand_nodes: int = opt(2, "nodes expanded per round (n)")
     rounds: int = opt(1, "expansion rounds (l)")
     leaves: int = opt(3, "leaves kept per tree (k)")
-    expansion: str = opt("with_replacement", "how nodes to expand are drawn (with_replacement = the reference)",
-                         ["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"])
+    expansion: str = opt("with_replacement", "branching rule: which nodes a round forks (with_replacement = the "
+                         "reference; pivot, restart, pivot+restart, ...: treegym.agents.rollout.branching.RULES), "
+                         "or module:function of your own rule")
+    distinct: int = opt(0, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off)")
+    distinct_retries: int = opt(4, "resamples of a repeated branch beginning (with sampler.distinct)")
     temperature: float = opt(1.0, "sampling temperature")
     top_p: float = opt(1.0, "nucleus sampling mass")
     max_new_tokens: int = opt(48, "max tokens per turn")
@@ -60,6 +63,7 @@ class AdvantageConfig:
     prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", ["per_leaf", "per_turn"])
     opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", ["tree", "prompt"])
     opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
+    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (AgentOPSD: 0.5)")
 
 
 @dataclass
@@ -72,7 +76,7 @@ class LossConfig:
     agg: str = opt("token-mean", "how per-token losses are reduced", ["token-mean", "seq-mean", "constant"])
     constant_normalizer: float = opt(1024.0, "divisor for agg=constant")
     beta: float = opt(1.0, "TreeOPSD temperature β of the teacher map exp(A/β)")
-    eps: float = opt(0.2, "TreeOPSD bound ε on the target ratio")
+    eps: float = opt(1.0, "TreeOPSD bound ε on the target ratio (1: a step weight |r*-1| of about |A|, as PPO's)")
 
 
 @dataclass
@@ -130,6 +134,7 @@ class TrainConfig:
     steps: int = opt(3, "training steps")
     prompts_per_step: int = opt(1, "prompts sampled per step (per process under torchrun)")
     token_budget: int = opt(0, "stop once this many tokens have been generated in rollouts (0 = no limit)")
+    tool_budget: int = opt(0, "stop once rollouts have made this many tool calls (0 = no limit)")
     warm_start: str = opt("auto", "supervised warm start on the env's expert before RL, cached under TREEGYM_HOME "
                           "(auto: for the embedded smollm2, which cannot write the action format on its own)",
                           ["auto", "on", "off"])
@@ -273,6 +278,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("config field sampler.temperature: must be > 0 (training needs sampled log-probs)")
     if not 0 < cfg.sampler.top_p <= 1:
         raise ConfigError(f"config field sampler.top_p: must be in (0, 1], got {cfg.sampler.top_p}")
+    if not 0 <= cfg.advantage.opsd_lambda <= 1:
+        raise ConfigError(f"config field advantage.opsd_lambda: must be in [0, 1], got {cfg.advantage.opsd_lambda}")
+    from treegym.agents.rollout.branching import get_rule
+
+    get_rule(cfg.sampler.expansion)  # a ConfigError names the registered rules
     return cfg
 
 

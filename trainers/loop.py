@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.envs import registry as env_registry
 from treegym.envs.core import success
@@ -179,11 +180,15 @@ class Run:
         """Log held-out EM (and, with run.eval_sampled, EM at temperature 1 as eval_em_t1)."""
         if em is None:
             return
-        row = {"eval_em": em, "tokens_total": self.state.tokens_total}
+        row = {"eval_em": em, "tokens_total": self.state.tokens_total,
+               **{k: self.state.extra.get(k, 0) for k in CURRENCY_TOTALS}}
         if self.cfg.run.eval_sampled:
             row["eval_em_t1"] = self.evaluate(1.0)
         if self.log is not None:
             self.log.log(step, row)
+
+
+CURRENCY_TOTALS = ("tool_calls_total", "trainer_tokens_total", "tool_rounds_total", "seconds_total")
 
 
 @dataclass
@@ -292,14 +297,22 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens,
         "prefill_tokens": bud.prefill_tokens, "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls,
         "env_steps": bud.env_steps, "logprob_gap": upd.logprob_gap(data, old_logp),
-        "action_tokens": sum(data.mask.sum(-1).tolist()),
+        "action_tokens": sum(data.mask.sum(-1).tolist()), "trainer_tokens": sum(len(r.token_ids) for r in rollouts),
+        "tool_rounds": bud.tool_rounds, "resampled": bud.resampled,
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
+    # Running totals in every budget currency, for the held-out curves (see log_eval).
+    for key, add in (("tool_calls_total", totals["tool_calls"]), ("trainer_tokens_total", totals["trainer_tokens"]),
+                     ("tool_rounds_total", totals["tool_rounds"]),
+                     ("seconds_total", time.time() - t0 + run.sample_seconds)):
+        state.extra[key] = state.extra.get(key, 0) + add
     n = max(totals["trajectories"], 1.0)
     run.last_batch = batch
     return StepMetrics({
         "reward": totals["reward"] / n, "em": totals["em"] / n, "trajectories": int(totals["trajectories"]),
-        **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps")},
+        **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps",
+                                       "trainer_tokens", "tool_rounds", "resampled")},
+        "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
@@ -361,7 +374,8 @@ def finish(run: Run, t_start: float) -> RunResult:
 
 
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
-    return bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget
+    return (bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget) or (
+        bool(cfg.tool_budget) and state.extra.get("tool_calls_total", 0) >= cfg.tool_budget)
 
 
 def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) -> None:

@@ -24,7 +24,7 @@ from treegym.trainers.runlog import read_metrics
 # What a resume may change: how long to run, where and how often to write, and the device.
 # Everything else decides what the run computes, so a change there would resume another run.
 MAY_CHANGE_ON_RESUME = frozenset({
-    "steps", "token_budget", "run.out_dir", "run.name", "run.resume", "run.log_every", "run.save_every",
+    "steps", "token_budget", "tool_budget", "run.out_dir", "run.name", "run.resume", "run.log_every", "run.save_every",
     "run.plots", "run.tensorboard", "run.wandb", "run.trees_html", "run.keep_checkpoints", "model_opts.device",
 })  # fmt: skip
 

@@ -11,6 +11,14 @@ over their envs (one batched call per shared tool), until every branch has finis
   each chosen node (``fork`` + ``restore(snapshot)``, never a replay of tool calls) and a new
   branch continues from that node's context to a leaf; finally k leaves per tree are kept.
 
+Which nodes a round expands is a *branching rule* (``branching.py``): a plain function from the
+forest grown so far to the nodes to fork, registered by name; the reference's uniform choice is
+one of them. ``distinct=d`` makes sibling branches begin differently: the first d tokens of a
+branch's first turn are resampled (up to ``distinct_retries`` times) while they repeat those of
+a sibling at the same node, then the turn is continued from them (LATR's forced diversity).
+Resampling changes the distribution the first tokens are drawn from; the recorded log-probs
+stay the policy's own, as in LATR.
+
 Leaves kept: when a tree has more than k leaves, k are drawn uniformly without replacement
 (seeded), so no leaf is favoured for being the initial chain or a late expansion; when it has
 k or fewer, all are kept.
@@ -21,20 +29,20 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Union
+from typing import Any, Union
 
 import gymnasium as gym
 
-from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.policy import Generation, Policy, SamplingParams
+from treegym.agents.rollout.branching import BranchRule, Forest, candidates, get_rule
 from treegym.agents.rollout.context import Mode, TokenContext, make_context
 from treegym.agents.rollout.types import Budget, Node, Prompt, Rollout, RolloutBatch, Tree, Turn, reset_args
+from treegym.agents.sampling import find_stop
 from treegym.envs.core import ForkableEnv, Snapshot, base_env
 from treegym.envs.pool import EnvPool
 from treegym.errors import ConfigError
 
 EnvSource = Union[Callable[[], gym.Env], gym.Env]
-Expansion = Literal["with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth"]
-EXPANSIONS: tuple[str, ...] = ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")
 
 
 @dataclass
@@ -78,7 +86,8 @@ class _Sampler:
         self.progress = progress
         s = policy.stats
         self._start = (s.generated_tokens, s.prefill_tokens, s.reused_tokens)
-        self._pool_start = (self.pool.stats.tool_calls, self.pool.stats.steps)
+        self._pool_start = (self.pool.stats.tool_calls, self.pool.stats.steps, self.pool.stats.tool_rounds)
+        self.resampled = 0  # first-turn heads drawn again because a sibling began the same way
 
     def reset_prompt(self, prompt: Prompt) -> tuple[_Root, str, list[int]]:
         """Reset a fork of the base env on ``prompt``: its root env, prompt text and ids."""
@@ -103,11 +112,19 @@ class _Sampler:
                 reward += turn.reward
         return _Branch(tree, node_id, env, context, reward)
 
-    def grow(self, branches: list[_Branch], round_index: int) -> None:
-        """Run every branch to a leaf: one generate and one pool step per turn, for all."""
+    def grow(self, branches: list[_Branch], round_index: int, distinct: int = 0, retries: int = 0) -> None:
+        """Run every branch to a leaf: one generate and one pool step per turn, for all.
+
+        ``distinct``: the first turn of each branch begins with ``distinct`` tokens that no
+        sibling at its node begins with (resampled up to ``retries`` times)."""
         active = list(branches)
+        first = distinct > 0
         while active:
-            gens = self.policy.generate([b.context for b in active], self.params)
+            if first:
+                gens = self.distinct_first_turns(active, distinct, retries)
+                first = False
+            else:
+                gens = self.policy.generate([b.context for b in active], self.params)
             if len(gens) != len(active):
                 raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} contexts")
             results = self.pool.step([b.env for b in active], [g.text for g in gens])
@@ -155,6 +172,42 @@ class _Sampler:
                 self.progress.update(len(active))
             active = still
 
+    def distinct_first_turns(self, active: list[_Branch], d: int, retries: int) -> list[Generation]:
+        """First turns whose first ``d`` tokens differ from every sibling's at the same node."""
+        contexts = [b.context for b in active]
+        head_params = replace(self.params, max_new_tokens=min(d, self.params.max_new_tokens))
+        heads = self.policy.generate(contexts, head_params)
+        for attempt in range(retries + 1):
+            taken: dict[tuple[int, int], set[tuple[int, ...]]] = {}
+            dup = []
+            for i, b in enumerate(active):
+                key = (id(b.tree), b.parent)
+                if key not in taken:
+                    taken[key] = {tuple(b.tree.nodes[c].turn.action_ids[:d]) for c in b.tree.nodes[b.parent].children
+                                  if b.tree.nodes[c].turn is not None}
+                head = tuple(heads[i].token_ids[:d])
+                if head in taken[key]:
+                    dup.append(i)
+                else:
+                    taken[key].add(head)
+            if not dup or attempt == retries:
+                break
+            self.resampled += len(dup)
+            for i, g in zip(dup, self.policy.generate([contexts[i] for i in dup], head_params)):
+                heads[i] = g
+        rest = self.params.max_new_tokens - head_params.max_new_tokens
+        go_on = [i for i, h in enumerate(heads) if h.finish_reason == "length" and rest > 0]
+        tails = self.policy.generate([contexts[i] + list(heads[i].token_ids) for i in go_on],
+                                     replace(self.params, max_new_tokens=rest)) if go_on else []
+        out = list(heads)
+        for i, tail in zip(go_on, tails):
+            ids = list(heads[i].token_ids) + list(tail.token_ids)
+            text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+            end = find_stop(text, self.params.stop) if tail.finish_reason == "stop" else -1
+            out[i] = Generation(tuple(ids), tuple(heads[i].logprobs) + tuple(tail.logprobs),
+                                text[:end] if end >= 0 else text, tail.finish_reason)
+        return out
+
     def rollouts(self, tree: Tree) -> list[Rollout]:
         return [to_rollout(tree, leaf) for leaf in tree.kept_leaves]
 
@@ -167,6 +220,8 @@ class _Sampler:
             tool_calls=self.pool.stats.tool_calls - self._pool_start[0],
             trajectories=trajectories,
             env_steps=self.pool.stats.steps - self._pool_start[1],
+            tool_rounds=self.pool.stats.tool_rounds - self._pool_start[2],
+            resampled=self.resampled,
         )
 
 
@@ -240,24 +295,30 @@ def sample_trees(
     l: int = 1,  # noqa: E741  (the paper's name)
     k: int = 3,
     params: SamplingParams = SamplingParams(),
-    expansion: Expansion = "with_replacement",
+    expansion: str | BranchRule = "with_replacement",
     max_turns: int | None = None,
     mode: Mode | TokenContext = "chat",
     max_context_tokens: int | None = None,
     seed: int | None = None,
     progress: Any = None,
+    distinct: int = 0,
+    distinct_retries: int = 4,
 ) -> RolloutBatch:
     """Tree-GRPO's agent-step tree search (see the module docstring).
 
     Args:
         m: trees per prompt; each starts as one chain from the prompt.
-        n: nodes expanded per tree per round. ``with_replacement`` draws them uniformly from
-            the root plus every unfinished node (the reference code's behaviour: one node may
-            be drawn twice and then grows two branches); ``without_replacement`` never draws a
-            node twice in the whole search (a tree with fewer candidates expands fewer).
+        n: nodes expanded per tree per round, on average: a round may grow n x (trees) branches,
+            spread over the forest as the branching rule decides.
         l: expansion rounds; nodes grown in a round are candidates in the next.
         k: leaves kept per tree (all if it has k or fewer; else k drawn uniformly).
+        expansion: the branching rule, a name registered in ``branching.RULES``, a
+            ``module:function`` spec, or the function itself. ``with_replacement`` draws n
+            nodes per tree uniformly from the root plus every unfinished node (the reference
+            code's behaviour: one node may be drawn twice and then grows two branches).
         seed: seeds node choice and leaf choice (sampling randomness is the policy's).
+        distinct: sibling branches begin with different first ``distinct`` tokens (0 = off),
+            resampling a repeated beginning up to ``distinct_retries`` times.
 
     Returns the trees (all nodes, including leaves that were not kept) and one Rollout per
     kept leaf, ordered by prompt, tree, leaf id.
@@ -267,19 +328,21 @@ def sample_trees(
             raise ConfigError(f"{name} must be at least 1, got {value}")
     if l < 0:
         raise ConfigError(f"l must be at least 0, got {l}")
-    if expansion not in EXPANSIONS:
-        raise ConfigError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
+    if distinct < 0 or distinct_retries < 0:
+        raise ConfigError(f"distinct and distinct_retries must be at least 0, got {distinct}, {distinct_retries}")
+    rule = get_rule(expansion)
     rng = random.Random(seed)
     sampler = _Sampler(policy, make_env, params, max_turns, mode, max_context_tokens, progress)
     trees, roots = _start_trees(sampler, prompts, m)
     sampler.grow([sampler.branch_from(t, r, 0) for t, r in zip(trees, roots)], 0)
     for round_index in range(1, l + 1):
+        forest = Forest(trees, n, round_index, rng)
         branches = []
-        for tree, root in zip(trees, roots):
-            for node_id in choose_nodes(tree, n, expansion, rng):
-                tree.expanded.append(node_id)
-                branches.append(sampler.branch_from(tree, root, node_id))
-        sampler.grow(branches, round_index)
+        for t, node_id in _checked(rule(forest), forest, expansion):
+            trees[t].expanded.append(node_id)
+            branches.append(sampler.branch_from(trees[t], roots[t], node_id))
+        if branches:
+            sampler.grow(branches, round_index, distinct, distinct_retries)
     for tree in trees:
         leaves = tree.leaves()
         tree.kept_leaves = sorted(rng.sample(leaves, k)) if len(leaves) > k else leaves
@@ -287,61 +350,29 @@ def sample_trees(
     return RolloutBatch(rollouts, trees, sampler.budget(len(rollouts)))
 
 
-def expansion_candidates(tree: Tree) -> list[int]:
-    """The root and every node whose episode had not ended (Tree-GRPO's non-leaf nodes)."""
-    return [node.node_id for node in tree.nodes if node.turn is None or not node.terminal]
+def _checked(picks: Sequence[tuple[int, int]], forest: Forest, rule: Any) -> list[tuple[int, int]]:
+    """A rule's choice, refused when it overspends or names a node that cannot grow."""
+    name = rule if isinstance(rule, str) else getattr(rule, "__name__", repr(rule))
+    picks = list(picks)
+    if len(picks) > forest.budget:
+        raise ConfigError(f"branching rule {name!r} chose {len(picks)} nodes; this round's budget is {forest.budget}")
+    for t, node_id in picks:
+        if not 0 <= t < len(forest.trees) or node_id not in candidates(forest.trees[t]):
+            raise ConfigError(f"branching rule {name!r} chose node {node_id} of tree {t}, which is not an "
+                              "unfinished node of a tree in the forest")
+    return picks
 
 
-def choose_nodes(tree: Tree, n: int, expansion: Expansion, rng: random.Random) -> list[int]:
-    """The nodes to expand in one round of ``tree``.
-
-    - ``with_replacement`` (the reference): uniform over the candidates, with replacement;
-    - ``without_replacement``: uniform, and never a node already expanded in this search;
-    - ``no_root``: uniform with replacement over the candidates other than the root (the
-      root only when it is the only one), so that every branch shares a prefix;
-    - ``mixed``: weight 4 for a node whose subtree already holds leaves with different
-      rewards (where more samples separate good from bad turns), 1 for the others;
-    - ``entropy``: weight = the mean surprisal (-log p) of the turn that followed the node in
-      the tree so far: branch before an uncertain decision (as ARPO and AEPO do);
-    - ``depth``: weight = the node's depth + 1 (deeper nodes share more, cost less).
-    """
-    candidates = expansion_candidates(tree)
-    if expansion == "with_replacement":
-        return [rng.choice(candidates) for _ in range(n)]
-    if expansion == "without_replacement":
-        fresh = [c for c in candidates if c not in set(tree.expanded)]
-        return rng.sample(fresh, min(n, len(fresh)))
-    if expansion == "no_root":
-        inner = [c for c in candidates if c != 0] or candidates
-        return [rng.choice(inner) for _ in range(n)]
-    weights = [_expansion_weight(tree, c, expansion) for c in candidates]
-    if not any(w > 0 for w in weights):
-        weights = [1.0] * len(candidates)
-    return rng.choices(candidates, weights=weights, k=n)
-
-
-def _expansion_weight(tree: Tree, node_id: int, expansion: str) -> float:
-    node = tree.nodes[node_id]
-    if expansion == "depth":
-        return float(node.depth + 1)
-    if expansion == "entropy":
-        child = next((tree.nodes[c] for c in node.children if tree.nodes[c].turn is not None), None)
-        lps = child.turn.action_logprobs if child is not None and child.turn is not None else ()
-        return -sum(lps) / len(lps) if lps else 0.0
-    if expansion == "mixed":
-        rewards = {tree.nodes[leaf].reward for leaf in _leaves_under(tree, node_id)}
-        return 4.0 if len(rewards) > 1 else 1.0
-    raise ConfigError(f"expansion must be one of {EXPANSIONS}, got {expansion!r}")
-
-
-def _leaves_under(tree: Tree, node_id: int) -> list[int]:
-    out, stack = [], [node_id]
-    while stack:
-        node = tree.nodes[stack.pop()]
-        if node.terminal:
-            out.append(node.node_id)
-        stack.extend(node.children)
-    return out
+def distinct_share(trees: Sequence[Tree], head_tokens: int = 1) -> float:
+    """Mean over prompts of distinct kept trajectories / kept trajectories, two trajectories being
+    the same when every turn begins with the same ``head_tokens`` tokens (the move)."""
+    groups: dict[int, list[tuple]] = {}
+    for tree in trees:
+        for leaf in tree.kept_leaves:
+            key = tuple(tuple(tree.nodes[i].turn.action_ids[:head_tokens]) for i in tree.path(leaf))
+            groups.setdefault(tree.prompt_index, []).append(key)
+    shares = [len(set(keys)) / len(keys) for keys in groups.values() if keys]
+    return sum(shares) / len(shares) if shares else 1.0
 
 
 def _start_trees(sampler: _Sampler, prompts: Sequence[Prompt], per_prompt: int) -> tuple[list[Tree], list[_Root]]:

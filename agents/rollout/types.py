@@ -111,6 +111,8 @@ class Budget:
     tool_calls: int = 0
     trajectories: int = 0
     env_steps: int = 0
+    tool_rounds: int = 0  # pool steps that made at least one tool call (their calls run concurrently)
+    resampled: int = 0  # first-turn beginnings drawn again to differ from a sibling's (``distinct``)
 
 
 @dataclass

@@ -74,7 +74,8 @@ def _cmd_study(args: argparse.Namespace) -> int:
     chosen = choose_settings(tuning)
     ablations = run_all(grid.ablation_runs(chosen), results, runs_dir, workers, "ablate", progress=not quiet) \
         if grid.ablations else []
-    plus = {m: v for m, v in improved_methods(ablations).items() if m in grid.methods}
+    wanted = [m for m in grid.methods if m.endswith("+")]  # built from the ablations' winners
+    plus = {m: v for m, v in improved_methods(ablations).items() if m in wanted} if wanted else {}
     tuning += run_all(grid.tuning_runs(plus), results, runs_dir, workers, "tune+", progress=not quiet) if plus else []
     chosen = choose_settings(tuning)
     methods = {**base, **plus}

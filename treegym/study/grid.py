@@ -29,6 +29,12 @@ class Task:
     choices: int
     turn_tokens: int
     chains: int  # total rollout budget of a run, in chain-equivalents (x horizon x turn_tokens tokens)
+    env_kwargs: tuple[tuple[str, Any], ...] = ()  # the env's other arguments (ProbeMaze's doors)
+    currency: str = "tokens"  # what every run of the task stops at: "tokens" (generated) or "tool_calls"
+    tool_calls: int = 0  # with currency "tool_calls": the tool calls a run may make
+
+    def make_kwargs(self) -> dict[str, Any]:
+        return {"horizon": self.horizon, "choices": self.choices, **dict(self.env_kwargs)}
 
     @property
     def chain_tokens(self) -> int:
@@ -73,15 +79,17 @@ class RunSpec:
         t, b = self.task, self.budget
         prompts = max(1, STEP_CHAINS // b)
         steps_est = max(1, t.chains // STEP_CHAINS)
-        leaves = prompts * (b if self.method.algo == "grpo" else 3 * max(1, b // 2))
         cfg: dict[str, Any] = {
-            "algo": self.method.algo, "env": t.env, "env_kwargs": {"horizon": t.horizon, "choices": t.choices},
-            "model": model, "seed": self.seed, "steps": 10**6, "token_budget": t.token_budget,
+            "algo": self.method.algo, "env": t.env, "env_kwargs": t.make_kwargs(),
+            "model": model, "seed": self.seed, "steps": 10**6,
+            "token_budget": t.token_budget if t.currency == "tokens" else 0,
+            "tool_budget": t.tool_calls if t.currency == "tool_calls" else 0,
             "prompts_per_step": prompts, "sampler.group_size": b, "sampler.trees": max(1, b // 2),
-            "sampler.expand_nodes": 2, "sampler.rounds": 1, "sampler.leaves": 3,
+            "sampler.expand_nodes": 2, "sampler.rounds": 1, "sampler.leaves": 64,  # every leaf kept: a rule may grow more in one tree
             "sampler.max_turns": t.horizon, "sampler.max_new_tokens": t.turn_tokens, "sampler.ignore_eos": True,
             "sampler.max_context_tokens": 4096,
-            "optim.mini_batch_size": leaves, "optim.micro_batch_size": leaves,
+            # One optimiser step per training step, whatever number of leaves a rule grows.
+            "optim.mini_batch_size": 4096, "optim.micro_batch_size": 4096,
             "run.eval_n": self.eval_n, "run.eval_sampled": True, "run.eval_every": max(1, steps_est // (self.evals + 1)),
             "run.out_dir": out_dir, "run.name": f"{self.phase}-{t.name}-{self.method.name}-B{b}-s{self.seed}-{self.key}",
             "run.resume": False, "run.save_every": 0, "run.tensorboard": False, "run.trees_html": False,
@@ -101,19 +109,30 @@ TASKS = {
     "lock-L1": Task("lock-L1", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=1, chains=512),
     "lock-L16": Task("lock-L16", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=16, chains=512),
     "lock5": Task("lock5", "ProbeLock-v0", horizon=5, choices=2, turn_tokens=4, chains=768),
+    # Shaped like agent work: long turns whose move is the first word; a deep horizon with visible
+    # failure and a terminal reward; a tool whose calls are the currency.
+    "lock-L32": Task("lock-L32", "ProbeLock-v0", horizon=3, choices=2, turn_tokens=32, chains=192),
+    "maze": Task("maze", "ProbeMaze-v0", horizon=8, choices=2, turn_tokens=4, chains=320, env_kwargs=(("doors", 6),)),
+    "lookup-calls": Task("lookup-calls", "ProbeLookup-v0", horizon=2, choices=3, turn_tokens=4, chains=512,
+                         currency="tool_calls", tool_calls=64),
 }
 
-_LRS = (5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3)
+_LRS = (1e-3, 2e-3, 4e-3)
 PG_TUNE = tuple((("optim.lr", lr),) for lr in _LRS)
-# TreeOPSD's per-token weight is |r* - 1| <= eps, so its grid spans larger steps; the same
-# number of settings (6) as the others.
-OPSD_TUNE = tuple((("optim.lr", lr), ("loss.beta", beta), ("loss.eps", eps))
-                  for lr in (1e-3, 3e-3, 9e-3) for beta, eps in ((1.0, 0.2), (0.5, 1.0)))  # fmt: skip
+# TreeOPSD's per-token weight is |r* - 1| <= eps (about |A| at its defaults, beta 1 and eps 1),
+# and half its advantage is the turn credit in reward units: its grid sits a notch higher; the
+# same number of settings (3) as the others.
+OPSD_TUNE = tuple((("optim.lr", lr),) for lr in (2e-3, 4e-3, 8e-3))
+# The fork-native mechanisms (agents/rollout/branching.py): variance-targeted expansion with
+# restarts at failure, and sibling branches that begin with different moves.
+FORK = (("sampler.expansion", "pivot+restart"), ("sampler.distinct", 1))
 
 METHODS = {
     "grpo": Method("grpo", "grpo", tune=PG_TUNE),
     "tree-grpo": Method("tree-grpo", "tree-grpo", tune=PG_TUNE),
     "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
+    "fork": Method("fork", "tree-grpo", FORK, tune=PG_TUNE),
+    "treeopsd+fork": Method("treeopsd+fork", "treeopsd", FORK, tune=OPSD_TUNE),
     # The improved forms: the mechanisms that won the ablations (see ``improved_methods``);
     # without ablations (``--quick``), the winners of the full study of benchmarks/results/study.
     "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "mixed"), ("advantage.prefix_credit", "per_leaf"),
@@ -124,6 +143,11 @@ METHODS = {
 
 # Mechanism ablations: each is Tree-GRPO or TreeOPSD with one change, at the reference's lr.
 ABLATIONS = {
+    # Each fork-native rule alone, and TreeOPSD's credit alone (no outcome blend).
+    "tree-grpo/pivot": Method("tree-grpo/pivot", "tree-grpo", (("sampler.expansion", "pivot"),)),
+    "tree-grpo/restart": Method("tree-grpo/restart", "tree-grpo", (("sampler.expansion", "restart"),)),
+    "tree-grpo/distinct": Method("tree-grpo/distinct", "tree-grpo", (("sampler.distinct", 1),)),
+    "treeopsd/credit-only": Method("treeopsd/credit-only", "treeopsd", (("advantage.opsd_lambda", 1.0),)),
     **{f"tree-grpo/{e}": Method(f"tree-grpo/{e}", "tree-grpo", (("sampler.expansion", e),))
        for e in ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")},
     "tree-grpo/per_turn": Method("tree-grpo/per_turn", "tree-grpo", (("advantage.prefix_credit", "per_turn"),)),
@@ -143,17 +167,20 @@ ABLATIONS = {
 class Grid:
     """The whole study: which tasks, methods, budgets and seeds, for each phase."""
 
-    tasks: tuple[str, ...] = ("lock", "lock5")
-    methods: tuple[str, ...] = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+")
-    budgets: tuple[int, ...] = (2, 4, 8)
+    tasks: tuple[str, ...] = ("maze", "lock-L32", "lookup-calls")
+    methods: tuple[str, ...] = ("grpo", "treeopsd", "fork", "treeopsd+fork")
+    budgets: tuple[int, ...] = (2, 4)
     seeds: tuple[int, ...] = tuple(range(16))
-    tune_seeds: tuple[int, ...] = (1000, 1001, 1002)
+    tune_seeds: tuple[int, ...] = (1000, 1001, 1002, 1003, 1004)
     tune_budget: int = 4
-    ablations: tuple[str, ...] = tuple(ABLATIONS)
+    ablations: tuple[str, ...] = ("tree-grpo/with_replacement", "tree-grpo/pivot", "tree-grpo/restart",
+                                  "tree-grpo/distinct", "treeopsd/credit-only")
     ablation_seeds: tuple[int, ...] = tuple(range(2000, 2008))
     ablation_budget: int = 4
+    ablation_tasks: tuple[str, ...] = ("maze",)
     eval_n: int = 64
-    extra_tasks: tuple[str, ...] = ("lookup",)  # report-only tasks (e.g. turn length), at tune_budget
+    evals: int = 2  # held-out evaluations during a report run, besides before and after
+    extra_tasks: tuple[str, ...] = ()  # report-only tasks (e.g. turn length), at tune_budget
 
     def tuning_runs(self, methods: dict[str, Method]) -> list[RunSpec]:
         return [RunSpec("tune", TASKS[t], methods[m], self.tune_budget, s, setting, self.eval_n, evals=0)
@@ -161,12 +188,13 @@ class Grid:
                 for setting in methods[m].tune for s in self.tune_seeds]
 
     def ablation_runs(self, lr_of: dict[str, dict[str, Any]]) -> list[RunSpec]:
-        """Each ablation at the tuned setting of its base algorithm's reference method."""
+        """Each ablation at the tuned setting of its algorithm's method in the grid (Tree-GRPO's
+        ablations at ``fork``'s when the reference itself is not tuned)."""
         out = []
-        for t in self.tasks:
+        for t in (t for t in self.tasks if t in self.ablation_tasks):
             for name in self.ablations:
                 method = ABLATIONS[name]
-                base = "tree-grpo" if method.algo == "tree-grpo" else "treeopsd"
+                base = next((b for b in (method.algo, "fork") if b in lr_of.get(t, {})), method.algo)
                 setting = tuple(lr_of.get(t, {}).get(base, {}).items())
                 out += [RunSpec("ablate", TASKS[t], method, self.ablation_budget, s, setting, self.eval_n, evals=0)
                         for s in self.ablation_seeds]
@@ -179,7 +207,7 @@ class Grid:
             base_task = t if t in self.tasks else self.tasks[0]
             for m in self.methods:
                 setting = tuple(tuned.get(base_task, {}).get(m, {}).items())
-                out += [RunSpec("report", TASKS[t], methods[m], b, s, setting, self.eval_n)
+                out += [RunSpec("report", TASKS[t], methods[m], b, s, setting, self.eval_n, self.evals)
                         for b in budgets for s in self.seeds]
         return out
 
@@ -187,8 +215,8 @@ class Grid:
 def quick_grid() -> Grid:
     """``--quick``: the sparse probes, the three algorithms' reference and improved forms,
     the scarce budgets only, fewer seeds and settings; a few minutes on 2 cores."""
-    return Grid(tasks=("lock",), methods=("grpo", "tree-grpo", "tree-grpo+", "treeopsd+"), budgets=(2, 4),
-                seeds=tuple(range(6)), tune_seeds=(1000,), ablations=(), eval_n=64, extra_tasks=())
+    return Grid(tasks=("maze",), methods=("grpo", "fork", "treeopsd+fork"), budgets=(4,),
+                seeds=tuple(range(6)), tune_seeds=(1000,), ablations=(), eval_n=32, extra_tasks=())
 
 
 def improved_methods(ablations: list[dict[str, Any]]) -> dict[str, Method]:
@@ -210,8 +238,8 @@ def improved_methods(ablations: list[dict[str, Any]]) -> dict[str, Method]:
         return {"tree-grpo+": METHODS["tree-grpo+"], "treeopsd+": METHODS["treeopsd+"]}
 
     def best(names: list[str]) -> str:
-        have = [n for n in names if n in score]
-        return max(have, key=lambda n: statistics.fmean(score[n]))
+        have = [n for n in names if n in score] or names[:1]  # an ablation not run: the first (reference)
+        return max(have, key=lambda n: statistics.fmean(score.get(n, [0.0])))
 
     expansions = [f"tree-grpo/{e}" for e in ("with_replacement", "without_replacement", "no_root", "mixed", "entropy", "depth")]
     expansion = best(expansions).split("/", 1)[1]

@@ -21,6 +21,8 @@ from typing import Any
 
 from treegym.study.grid import RunSpec
 
+MODELLED_TOOL_LATENCY = 0.5  # seconds per tool call, like a web search API
+
 # Each worker is one single-threaded trainer: two workers use two cores without oversubscribing.
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -43,7 +45,7 @@ def probe_model_for(spec: RunSpec) -> str:
     import treegym  # noqa: F401  (registers the probe ids)
     from treegym.envs.probe_model import build_probe_model
 
-    env = gym.make(spec.task.env, horizon=spec.task.horizon, choices=spec.task.choices).unwrapped
+    env = gym.make(spec.task.env, **spec.task.make_kwargs()).unwrapped
     return str(build_probe_model(env, spec.task.turn_tokens))
 
 
@@ -83,6 +85,19 @@ def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
         "success": evals[-1]["eval_em"] if evals else None,
         "success_t1": evals[-1].get("eval_em_t1") if evals else None,
         "curve": [(h["tokens_total"], h["eval_em"], h.get("eval_em_t1")) for h in evals],
+        # Held-out success (T=1) against every budget currency, at each evaluation.
+        "currency_curve": [{"tokens": h["tokens_total"], "tool_calls": h.get("tool_calls_total", 0),
+                            "trainer_tokens": h.get("trainer_tokens_total", 0),
+                            "modelled_seconds": h.get("seconds_total", 0.0)
+                            + MODELLED_TOOL_LATENCY * h.get("tool_rounds_total", 0),
+                            "success_t1": h.get("eval_em_t1")} for h in evals],
+        "trainer_tokens": sum(h.get("trainer_tokens", 0) for h in steps),
+        "tool_rounds": sum(h.get("tool_rounds", 0) for h in steps),
+        # Wall time with every tool call costing MODELLED_TOOL_LATENCY s; a step's calls run at once.
+        "modelled_seconds": sum(h.get("time_step", 0.0) for h in steps)
+        + MODELLED_TOOL_LATENCY * sum(h.get("tool_rounds", 0) for h in steps),
+        "distinct_frac": mean("distinct_frac"), "single_child_frac": mean("single_child_frac"),
+        "resampled": sum(h.get("resampled", 0) for h in steps),
         "reward_first": statistics.fmean(h["reward"] for h in steps[:3]) if steps else None,
         "reward_last": statistics.fmean(h["reward"] for h in steps[-3:]) if steps else None,
         "trajectories_per_1k_tokens": 1000 * trajectories / max(generated, 1),
