@@ -25,7 +25,6 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -404,10 +403,14 @@ def dump(manifest: dict[str, Any]) -> str:
     return re.sub(r"\[\s*([^\[\]{}]*?)\s*\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text) + "\n"
 
 
+def vllm_extra() -> str:
+    """pyproject's ``vllm`` extra, e.g. ``vllm>=0.33.0,<0.34``."""
+    return re.search(r'^vllm = \["([^"]+)"\]', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
+
+
 def pinned_version() -> str:
-    """The lower bound of pyproject's ``vllm`` extra: the version the manifest is built from."""
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"][0]
-    return re.search(r">=\s*([\w.]+)", extra).group(1)
+    """The lower bound of the ``vllm`` extra: the version the manifest is built from."""
+    return re.search(r">=\s*([\w.]+)", vllm_extra()).group(1)
 
 
 def download(version: str) -> Path:
