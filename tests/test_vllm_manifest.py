@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vllm_standin as standin
 from packaging.requirements import Requirement
 
 from treegym.agents.vllm_policy import VLLM_API
 
-vm = standin.vllm_manifest
-MANIFEST = standin.MANIFEST
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _vllm_api_check as ck  # noqa: E402
+import vllm_manifest as vm  # noqa: E402
+import vllm_standin as standin  # noqa: E402
+
+MANIFEST = standin.MANIFEST
 POLICY_SOURCE = (ROOT / "agents" / "vllm_policy.py").read_text(encoding="utf-8")
 
 
@@ -38,8 +41,8 @@ def test_the_manifest_is_of_the_version_the_vllm_extra_pins() -> None:
 
 
 def test_every_vllm_api_name_and_every_backend_call_is_in_the_manifest() -> None:
-    assert vm.check(MANIFEST) == []
-    calls = {(c, m) for c, m, *_ in vm.source_calls(POLICY_SOURCE)}
+    assert ck.check(MANIFEST) == []
+    calls = {(c, m) for c, m, *_ in ck.source_calls(POLICY_SOURCE)}
     assert {("vllm.LLM", "__init__"), ("vllm.SamplingParams", "__init__"), ("vllm.LLM", "generate"),
             ("vllm.LLM", "sleep"), ("vllm.LLM", "wake_up"), ("vllm.LLM", "apply_model"),
             ("vllm.LLM", "reset_prefix_cache")} <= calls  # the scan sees every call the backend makes
@@ -48,8 +51,8 @@ def test_every_vllm_api_name_and_every_backend_call_is_in_the_manifest() -> None
 def test_llm_keywords_passed_through_kwargs_are_the_engine_args_fields() -> None:
     init = MANIFEST["classes"]["vllm.LLM"]["methods"]["__init__"]
     assert init["kwargs_to"] == "vllm.engine.arg_utils.EngineArgs" and "enable_prefix_caching=" not in init["params"]
-    assert vm.call_problems(MANIFEST, "vllm.LLM", "__init__", 1, ["enable_prefix_caching", "enable_sleep_mode"]) == []
-    assert vm.call_problems(MANIFEST, "vllm.LLM", "__init__", 1, ["enable_prefix_cache"])
+    assert ck.call_problems(MANIFEST, "vllm.LLM", "__init__", 1, ["enable_prefix_caching", "enable_sleep_mode"]) == []
+    assert ck.call_problems(MANIFEST, "vllm.LLM", "__init__", 1, ["enable_prefix_cache"])
 
 
 def _planted(value: Any) -> Any:
@@ -68,7 +71,7 @@ CHECKED_BY_VALUE = [f.name for f in dataclasses.fields(VLLM_API)
 @pytest.mark.parametrize("name", CHECKED_BY_VALUE)
 def test_a_misspelled_vllm_api_name_fails_the_check(name: str) -> None:
     bad = dataclasses.replace(VLLM_API, **{name: _planted(getattr(VLLM_API, name))})
-    problems = vm.check(MANIFEST, api=bad)
+    problems = ck.check(MANIFEST, api=bad)
     assert problems and all(p.startswith(f"VLLM_API.{name}:") for p in problems), problems
 
 
@@ -77,11 +80,11 @@ def test_a_vllm_api_field_that_says_not_where_vllm_has_it_fails_the_check() -> N
     class Api:
         prefix_caching_kwarg: str = "enable_prefix_caching"
 
-    assert vm.check(MANIFEST, api=Api()) == ["VLLM_API.prefix_caching_kwarg does not say where vLLM has it "
+    assert ck.check(MANIFEST, api=Api()) == ["VLLM_API.prefix_caching_kwarg does not say where vLLM has it "
                                              "(field metadata 'vllm')"]
     Moved = dataclasses.make_dataclass("Moved", [("x", int, dataclasses.field(
         default=0, metadata={"vllm": {"passed_as": ("vllm.SamplingParams", "__init__", "num_logprobs")}}))])
-    assert vm.check(MANIFEST, api=Moved())
+    assert ck.check(MANIFEST, api=Moved())
 
 
 @pytest.mark.parametrize("good, bad", [
@@ -93,13 +96,13 @@ def test_a_vllm_api_field_that_says_not_where_vllm_has_it_fails_the_check() -> N
 ])  # fmt: skip
 def test_a_misspelled_call_in_the_backend_fails_the_check(good: str, bad: str) -> None:
     assert good in POLICY_SOURCE
-    problems = vm.check(MANIFEST, policy_source=POLICY_SOURCE.replace(good, bad, 1))
+    problems = ck.check(MANIFEST, policy_source=POLICY_SOURCE.replace(good, bad, 1))
     assert len(problems) == 1 and problems[0].startswith("agents/vllm_policy.py:"), problems
 
 
 def test_a_misspelled_keyword_given_to_vllm_policy_fails_the_check() -> None:
-    assert vm.check(MANIFEST, callers={"x.py": "VLLMPolicy('smollm2', enforce_eager=True)"}) == []
-    problems = vm.check(MANIFEST, callers={"x.py": "VLLMPolicy('smollm2', enforce_eagre=True)"})
+    assert ck.check(MANIFEST, callers={"x.py": "VLLMPolicy('smollm2', enforce_eager=True)"}) == []
+    problems = ck.check(MANIFEST, callers={"x.py": "VLLMPolicy('smollm2', enforce_eagre=True)"})
     assert len(problems) == 1 and problems[0].startswith("x.py:1:") and "enforce_eagre" in problems[0]
 
 
@@ -184,16 +187,16 @@ def test_the_reader_follows_reexports_bases_and_kwargs(mini_wheel: vm.Wheel) -> 
     assert engine_args == {"fields": ["model", "seed=", "enable_prefix_caching="], "private": ["_rank"]}
     manifest = {"vllm_version": "9.9.9", "classes": {"vllm.LLM": {"methods": got},
                                                      "vllm.engine.args.EngineArgs": engine_args}}
-    ok = vm.call_problems(manifest, "vllm.LLM", "__init__", 1, ["seed", "enable_prefix_caching"])
-    assert ok == [] and vm.call_problems(manifest, "vllm.LLM", "__init__", 1, ["cache"])  # init=False: refused
-    assert vm.call_problems(manifest, "vllm.LLM", "generate", 2, ["use_tqdm"]) == []
-    assert vm.call_problems(manifest, "vllm.LLM", "generate", 1, ["params"])  # positional-only
+    ok = ck.call_problems(manifest, "vllm.LLM", "__init__", 1, ["seed", "enable_prefix_caching"])
+    assert ok == [] and ck.call_problems(manifest, "vllm.LLM", "__init__", 1, ["cache"])  # init=False: refused
+    assert ck.call_problems(manifest, "vllm.LLM", "generate", 2, ["use_tqdm"]) == []
+    assert ck.call_problems(manifest, "vllm.LLM", "generate", 1, ["params"])  # positional-only
 
 
 @pytest.mark.skipif(not os.environ.get("TREEGYM_VLLM_WHEEL"), reason="set TREEGYM_VLLM_WHEEL to a downloaded vllm wheel")
 def test_the_committed_manifest_is_what_the_wheel_gives() -> None:
     wheel = Path(os.environ["TREEGYM_VLLM_WHEEL"])
-    assert vm.dump(vm.build_manifest(wheel)) == vm.MANIFEST.read_text(encoding="utf-8")
+    assert vm.dump(vm.build_manifest(wheel)) == ck.MANIFEST.read_text(encoding="utf-8")
 
 
 if __name__ == "__main__":

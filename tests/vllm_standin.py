@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import vllm_manifest  # noqa: E402
+import _vllm_api_check as api_check  # noqa: E402
 
-MANIFEST: dict[str, Any] = json.loads(vllm_manifest.MANIFEST.read_text(encoding="utf-8"))
+MANIFEST: dict[str, Any] = json.loads(api_check.MANIFEST.read_text(encoding="utf-8"))
 
 
 def _checked(qualname: str, method: str, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, or the TypeError the real vLLM would raise."""
-    problems = vllm_manifest.call_problems(MANIFEST, qualname, method, len(args), kwargs)
+    problems = api_check.call_problems(MANIFEST, qualname, method, len(args), kwargs)
     if problems:
         raise TypeError("; ".join(problems))
-    sig = vllm_manifest.signature(MANIFEST, qualname, method)
+    sig = api_check.signature(MANIFEST, qualname, method)
     bound = sig.bind_partial(*args, **kwargs).arguments
     var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), None)
     return {**{k: v for k, v in bound.items() if k != var_kw}, **bound.get(var_kw, {})}
