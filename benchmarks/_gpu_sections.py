@@ -287,11 +287,9 @@ def bf16_rows(name: str, model: Any, device: torch.device, rows: int, length: in
         grads = [p.grad.detach().clone() if not bf16 else p.grad.detach() for p in params]
         return float(loss.detach()), nll, logp.detach(), grads
 
-    model.train()
-    loss32, nll32, logp32, g32 = one_pass(False)
+    loss32, nll32, logp32, g32 = one_pass(False)  # eval mode, as the trainer's update runs (no dropout)
     loss16, nll16, logp16, g16 = one_pass(True)
     model.zero_grad(set_to_none=True)
-    model.eval()
     dot = sum(float((a.double() * c.double()).sum()) for a, c in zip(g32, g16))
     norms = math.sqrt(sum(float(a.double().square().sum()) for a in g32) * sum(float(c.double().square().sum()) for c in g16))
     cosine = dot / norms if norms else float("nan")
