@@ -25,9 +25,14 @@ POLICY_CALLERS = ("trainers/engines.py", "benchmarks/check_vllm.py")
 
 
 def signature(manifest: dict[str, Any], qualname: str, method: str = "__init__") -> inspect.Signature:
-    """The manifest's signature of ``qualname.method``, without ``self`` (fields make ``__init__``)."""
+    """The manifest's signature of ``qualname.method``, without ``self`` or ``cls`` (a class given
+    by its fields: keyword-only fields make ``__init__``)."""
     cls = manifest["classes"][qualname]
-    spec = cls["methods"][method]["params"][1:] if "methods" in cls else ["*", *cls["fields"]]
+    if "methods" in cls:
+        entry = cls["methods"][method]
+        spec = entry["params"] if entry.get("static") else entry["params"][1:]
+    else:
+        spec = ["*", *cls["fields"]]
     kind, out = inspect.Parameter.POSITIONAL_OR_KEYWORD, []
     posonly = "/" in spec
     for p in spec:

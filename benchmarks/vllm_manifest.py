@@ -156,6 +156,8 @@ def methods(wheel: Wheel, qualname: str, only: tuple[str, ...] | None) -> dict[s
             public = fn.name == "__init__" or not fn.name.startswith("_")
             if (only is None and public) or (only and fn.name in only):
                 entry = {"params": params(fn), "defined_in": f"{mod}.{cls.name}"}
+                if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list):
+                    entry["static"] = True  # no self or cls to drop
                 if fn.args.kwarg and (target := _kwargs_target(wheel, mod, fn)):
                     entry["kwargs_to"] = target
                 out[fn.name] = entry

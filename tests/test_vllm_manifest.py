@@ -154,7 +154,8 @@ MINI = {
                                "class LLM(Sleepy):\n    def __init__(self, model, *, seed=0, **kwargs):\n"
                                "        self.args = EngineArgs(model=model, seed=seed, **kwargs)\n"
                                "    def sleep(self, level: int = 2):\n        pass\n"
-                               "    def generate(self, prompts, params=None, /, *, use_tqdm=True):\n        pass\n",
+                               "    def generate(self, prompts, params=None, /, *, use_tqdm=True):\n        pass\n"
+                               "    @staticmethod\n    def tags(level):\n        pass\n",
     "vllm/engine/__init__.py": "",
     "vllm/engine/args.py": "from dataclasses import dataclass, field\nfrom typing import ClassVar\n"
                            "@dataclass\nclass Base:\n    model: str\n"
@@ -179,7 +180,7 @@ def mini_wheel(tmp_path: Path) -> vm.Wheel:
 def test_the_reader_follows_reexports_bases_and_kwargs(mini_wheel: vm.Wheel) -> None:
     assert mini_wheel.version() == "9.9.9" and vm.env_names(mini_wheel) == ["VLLM_A"]
     got = vm.methods(mini_wheel, "vllm.LLM", None)
-    assert set(got) == {"__init__", "sleep", "generate"}  # inherited, overridden, no private ones
+    assert set(got) == {"__init__", "sleep", "generate", "tags"}  # inherited, overridden, no private ones
     assert got["sleep"] == {"params": ["self", "level="], "defined_in": "vllm.entrypoints.llm.LLM"}
     assert got["generate"]["params"] == ["self", "prompts", "params=", "/", "*", "use_tqdm="]
     assert got["__init__"]["kwargs_to"] == "vllm.engine.args.EngineArgs"
@@ -191,6 +192,7 @@ def test_the_reader_follows_reexports_bases_and_kwargs(mini_wheel: vm.Wheel) -> 
     assert ok == [] and ck.call_problems(manifest, "vllm.LLM", "__init__", 1, ["cache"])  # init=False: refused
     assert ck.call_problems(manifest, "vllm.LLM", "generate", 2, ["use_tqdm"]) == []
     assert ck.call_problems(manifest, "vllm.LLM", "generate", 1, ["params"])  # positional-only
+    assert ck.call_problems(manifest, "vllm.LLM", "tags", 1, []) == []  # a staticmethod keeps its first parameter
 
 
 @pytest.mark.skipif(not os.environ.get("TREEGYM_VLLM_WHEEL"), reason="set TREEGYM_VLLM_WHEEL to a downloaded vllm wheel")
