@@ -54,8 +54,9 @@ def signature(manifest: dict[str, Any], qualname: str, method: str = "__init__")
 
 
 def call_problems(manifest: dict[str, Any], qualname: str, method: str, positional: int,
-                  keywords: Iterable[str]) -> list[str]:
-    """Why ``qualname.method(<positional args>, **keywords)`` would fail on the manifest's vLLM."""
+                  keywords: Iterable[str], complete: bool = False) -> list[str]:
+    """Why ``qualname.method(<positional args>, **keywords)`` would fail on the manifest's vLLM
+    (``complete``: these are all its arguments, so a missing required one fails too)."""
     where = f"{qualname}.{method}"
     cls = manifest["classes"].get(qualname)
     if cls is None:
@@ -66,7 +67,7 @@ def call_problems(manifest: dict[str, Any], qualname: str, method: str, position
     named = {p.name for p in sig.parameters.values() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     keywords = list(keywords)
     try:
-        sig.bind_partial(*[None] * positional, **{k: None for k in keywords})
+        (sig.bind if complete else sig.bind_partial)(*[None] * positional, **{k: None for k in keywords})
     except TypeError as exc:
         return [f"{where}: {exc}"]
     forwarded = cls.get("methods", {}).get(method, {}).get("kwargs_to")
@@ -103,8 +104,9 @@ def api_problems(manifest: dict[str, Any], api: Any) -> list[str]:
     return out
 
 
-def source_calls(source: str) -> list[tuple[str, str, int, list[str], int]]:
-    """Calls into vLLM in agents/vllm_policy.py: (class, method, positional args, keywords, line).
+def source_calls(source: str) -> list[tuple[str, str, int, list[str], int, bool]]:
+    """Calls into vLLM in agents/vllm_policy.py: (class, method, positional args, keywords, line,
+    whether those are all its arguments: no ``*args`` or ``**mapping``).
     ``*.LLM(...)``/``*.SamplingParams(...)`` build, ``self.llm.<m>(...)`` call ``vllm.LLM.<m>``;
     ``**mapping`` keywords are left out (the backend's come from VLLM_API, checked on their own)."""
     out = []
@@ -113,10 +115,11 @@ def source_calls(source: str) -> list[tuple[str, str, int, list[str], int]]:
             continue
         f, kws = node.func, [k.arg for k in node.keywords if k.arg]
         positional = sum(not isinstance(a, ast.Starred) for a in node.args)
+        complete = positional == len(node.args) and len(kws) == len(node.keywords)
         if f.attr in ("LLM", "SamplingParams"):
-            out.append((f"vllm.{f.attr}", "__init__", positional, kws, node.lineno))
+            out.append((f"vllm.{f.attr}", "__init__", positional, kws, node.lineno, complete))
         elif ast.unparse(f.value) == "self.llm":
-            out.append(("vllm.LLM", f.attr, positional, kws, node.lineno))
+            out.append(("vllm.LLM", f.attr, positional, kws, node.lineno, complete))
     return out
 
 
@@ -138,8 +141,9 @@ def check(manifest: dict[str, Any], api: Any = None, policy_source: str | None =
     if callers is None:
         callers = {p: (ROOT / p).read_text(encoding="utf-8") for p in POLICY_CALLERS}
     out = api_problems(manifest, api)
-    for qualname, method, positional, kws, line in source_calls(policy_source):
-        out += [f"agents/vllm_policy.py:{line}: {p}" for p in call_problems(manifest, qualname, method, positional, kws)]
+    for qualname, method, positional, kws, line, complete in source_calls(policy_source):
+        problems = call_problems(manifest, qualname, method, positional, kws, complete)
+        out += [f"agents/vllm_policy.py:{line}: {p}" for p in problems]
     own = set(inspect.signature(vllm_policy.VLLMPolicy).parameters)
     for path, text in callers.items():
         for kw, line in policy_kwargs(text, own):

@@ -93,6 +93,7 @@ def test_a_vllm_api_field_that_says_not_where_vllm_has_it_fails_the_check() -> N
     ("self.llm.reset_prefix_cache()", "self.llm.reset_cache()"),  # an LLM method
     ("max_model_len=max_model_len,", "max_len=max_model_len,"),  # an LLM.__init__ keyword
     ("self.llm.sleep(level=", "self.llm.sleep(depth="),
+    ("outputs = self.llm.generate(prompts, sampling, use_tqdm=False)", "outputs = self.llm.generate(use_tqdm=False)"),
 ])  # fmt: skip
 def test_a_misspelled_call_in_the_backend_fails_the_check(good: str, bad: str) -> None:
     assert good in POLICY_SOURCE
@@ -125,6 +126,8 @@ def test_the_standin_takes_only_what_the_real_vllm_takes(monkeypatch: pytest.Mon
         vllm.LLM("m", dtype="bf16")
     with pytest.raises(TypeError, match="depth"):
         llm.sleep(depth=2)
+    with pytest.raises(TypeError, match="prompts"):
+        llm.generate(use_tqdm=False)  # a required argument missing
     with pytest.raises(NotImplementedError, match="LLM.wake_up"):
         llm.wake_up(tags=["weights"])  # real in vLLM, absent from this engine
     with pytest.raises(AttributeError):

@@ -25,11 +25,11 @@ MANIFEST: dict[str, Any] = json.loads(api_check.MANIFEST.read_text(encoding="utf
 
 def _checked(qualname: str, method: str, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by name, or the TypeError the real vLLM would raise."""
-    problems = api_check.call_problems(MANIFEST, qualname, method, len(args), kwargs)
+    problems = api_check.call_problems(MANIFEST, qualname, method, len(args), kwargs, complete=True)
     if problems:
         raise TypeError("; ".join(problems))
     sig = api_check.signature(MANIFEST, qualname, method)
-    bound = sig.bind_partial(*args, **kwargs).arguments
+    bound = sig.bind(*args, **kwargs).arguments
     var_kw = next((p.name for p in sig.parameters.values() if p.kind == p.VAR_KEYWORD), None)
     return {**{k: v for k, v in bound.items() if k != var_kw}, **bound.get(var_kw, {})}
 
