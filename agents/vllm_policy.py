@@ -23,33 +23,45 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.errors import MissingPackageError, TreegymError
 
 
+def _in_vllm(default: Any, **where: Any) -> Any:
+    """A VLLMApi field, with where vLLM has it (checked against benchmarks/vllm_manifest.json)."""
+    return field(default=default, metadata={"vllm": where})
+
+
 @dataclass(frozen=True)
 class VLLMApi:
-    """The version-dependent parts of vLLM that this module uses, in one place."""
+    """The version-dependent parts of vLLM that this module uses, in one place.
+
+    Each field's metadata says where the name lives in vLLM (a variable ``vllm/envs.py`` reads, a
+    keyword or parameter of a method, an attribute of an output); ``tests/test_vllm_manifest.py``
+    looks every one up in the manifest read from the pinned wheel's source.
+    """
 
     # Environment switch that keeps the V1 engine core in this process, so that
     # ``LLM.apply_model`` runs its function here on the engine's own nn.Module (no pickling
     # of the function or of the weights).
-    in_process_env: tuple[str, str] = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # ``LLM(...)`` keyword arguments.
-    prefix_caching_kwarg: str = "enable_prefix_caching"
-    sleep_mode_kwarg: str = "enable_sleep_mode"
+    in_process_env: tuple[str, str] = _in_vllm(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), env=True)
+    # ``LLM(...)`` keyword arguments (EngineArgs fields, which ``LLM.__init__`` takes through **kwargs).
+    prefix_caching_kwarg: str = _in_vllm("enable_prefix_caching", keyword_of=("vllm.LLM", "__init__"))
+    sleep_mode_kwarg: str = _in_vllm("enable_sleep_mode", keyword_of=("vllm.LLM", "__init__"))
     # ``LLM.sleep(level=2)`` discards weights and KV cache (we load new weights anyway);
     # ``LLM.wake_up(tags=...)`` brings back the weight memory first, the KV cache after.
-    sleep_level: int = 2
-    wake_weights: tuple[str, ...] = ("weights",)
-    wake_kv_cache: tuple[str, ...] = ("kv_cache",)
+    sleep_level: int = _in_vllm(2, passed_as=("vllm.LLM", "sleep", "level"), among="sleep_levels")
+    wake_weights: tuple[str, ...] = _in_vllm(("weights",), passed_as=("vllm.LLM", "wake_up", "tags"),
+                                             among="vllm.device_allocator.DEFERRABLE_TAGS")
+    wake_kv_cache: tuple[str, ...] = _in_vllm(("kv_cache",), passed_as=("vllm.LLM", "wake_up", "tags"),
+                                              among="vllm.device_allocator.DEFERRABLE_TAGS")
     # ``SamplingParams(logprobs=0)``: the sampled token's own log-prob only.
-    sampled_logprob_only: int = 0
-    # ``RequestOutput`` attribute: prompt tokens served from the prefix cache.
-    cached_tokens_attr: str = "num_cached_tokens"
+    sampled_logprob_only: int = _in_vllm(0, passed_as=("vllm.SamplingParams", "__init__", "logprobs"))
+    # ``RequestOutput`` attribute: prompt tokens served from the prefix cache (None when unknown).
+    cached_tokens_attr: str = _in_vllm("num_cached_tokens", attribute_of="vllm.outputs.RequestOutput")
 
 
 VLLM_API = VLLMApi()
@@ -125,7 +137,7 @@ class VLLMPolicy:
                 raise TreegymError("vLLM returned no log-probs for some sampled tokens")
             finish = "length" if done.finish_reason == "length" else "stop"
             out.append(Generation(ids, logprobs, done.text, finish))
-            cached = int(getattr(request, VLLM_API.cached_tokens_attr, 0) or 0)
+            cached = int(getattr(request, VLLM_API.cached_tokens_attr) or 0)
             self.stats.prefill_tokens += len(ctx) - cached
             self.stats.reused_tokens += cached
             self.stats.generated_tokens += len(ids)

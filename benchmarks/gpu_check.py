@@ -1,12 +1,16 @@
-"""GPU check: rollout and update throughput of real model shapes, MFU, and CPU/GPU agreement.
+"""GPU check: rollout and update throughput of real model shapes, MFU, bf16 agreement, one training step, the probe.
 
-    treegym bench gpu_check                 # on a GPU: at most about 8 minutes on one H200
-    treegym bench gpu_check --cpu-smoke     # the same code paths at tiny shapes, on the CPU
+    treegym bench gpu_check                        # on a GPU: at most 8 minutes on one H200 (its own estimate)
+    treegym bench gpu_check --out gpu-check.md     # the same, and the dated table into a file
+    treegym bench gpu_check --cpu-smoke            # the same code paths at tiny shapes, on the CPU (CI)
 
-It needs nothing but the source tree: the models are randomly initialised from their real
-configs, written below (SHAPES), and the tokenizer is a synthetic word-level one of the same
-vocabulary size. Random weights are fine for throughput: every turn generates a fixed number of
-tokens (EOS ignored). It prints one table (markdown), with a row per measurement:
+It needs nothing but the source tree and torch + transformers (no vLLM, no network, no model
+download): the models are randomly initialised from their real configs (``SHAPES`` in
+``_gpu_sections.py``), the tokenizer is a synthetic word-level one of the same vocabulary size.
+Random weights are fine for what it measures: every turn generates a fixed number of tokens (EOS
+ignored). Before it starts it prints its plan, each part with its estimated seconds, and refuses a
+plan over ``--budget`` (480 s); a part that would end past the budget is skipped (SKIPPED rows).
+It prints one markdown table, a row per measurement:
 
 - rollout: HFPolicy tokens/s on a Tree-GRPO workload (m=2 trees per prompt, their chains of
   ``--turns`` turns, then l=1 round expanding n=2 nodes per tree; 64 prompts of about 1k
@@ -14,258 +18,182 @@ tokens (EOS ignored). It prints one table (markdown), with a row per measurement
 - train: one Tree-GRPO update (the trainer's own ``update``: fp32 weights, bf16 autocast,
   AdamW) on k=3 leaves per tree: tokens/s, MFU against ``--peak-tflops`` (790: bf16 dense as
   measured on an H200) and peak memory; target: MFU >= 30% on the 1.5B shape;
+- bf16: the trainer's loss and gradient on one fixed seeded batch, fp32 vs bf16 autocast (same
+  weights): loss and token NLL within 1%, mean |log-prob diff| <= 0.05, gradient cosine >= 0.99;
+- step: one whole training step of the loop (setup, sample, train_step; Tree-GRPO on
+  ProbeKeys-v0) with a random-weight ``--step-shape`` model saved as a model folder: the update
+  is finite and moves the weights; seconds and peak memory;
 - probe: the sparse probe (ProbeLock-v0, as in tests/test_probe_learning.py) trained with the
-  same seed on CUDA and on the CPU: both must learn, and agree within noise.
+  same seed on CUDA and on the CPU: both must learn, and agree within noise;
+- time: each part's measured seconds next to its estimate, and the total against the budget.
 
-Without a GPU (and without ``--cpu-smoke``) it prints "SKIPPED: no GPU" and exits 0.
+Without a GPU (and without ``--cpu-smoke``) it prints "SKIPPED: no GPU" and exits 0. Exit code 1
+when a row FAILs or a part was SKIPPED.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
 
-# name -> (config class, its fields), copied from each model's published config.json.
-SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "smollm2-135m": ("LlamaConfig", dict(
-        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-        vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192,
-        rms_norm_eps=1e-5)),
-    "qwen2.5-0.5b": ("Qwen2Config", dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936, rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=32768,
-        rms_norm_eps=1e-6)),
-    "qwen2.5-1.5b": ("Qwen2Config", dict(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-        vocab_size=151936, rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=32768,
-        rms_norm_eps=1e-6)),
-}  # fmt: skip
-COLUMNS = ("section", "shape", "metric", "value", "target", "status")
+from treegym.agents.policy import Generation, PolicyStats
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when run as ``treegym bench gpu_check``
+from _gpu_sections import (  # noqa: E402
+    COLUMNS,
+    SHAPES,
+    StepSize,
+    Workload,
+    bf16_rows,
+    build_model,
+    probe_rows,
+    rollout_rows,
+    step_rows,
+    train_flops,
+    train_rows,
+    tree_rollout,
+    word_tokenizer,
+)
 
-def shrink(fields: dict[str, Any]) -> dict[str, Any]:
-    """A tiny model of the same family and head layout (``--cpu-smoke``)."""
-    heads, kv = fields["num_attention_heads"], fields["num_key_value_heads"]
-    head_dim = 8
-    return {**fields, "hidden_size": heads * head_dim, "intermediate_size": 2 * heads * head_dim,
-            "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": 512}
+__all__ = ["COLUMNS", "SHAPES", "build_model", "main", "plan"]
 
-
-def build_model(name: str, device: torch.device, smoke: bool, dtype: torch.dtype = torch.float32) -> Any:
-    """A randomly initialised causal LM of ``name``'s shape, built on ``device``."""
-    import transformers
-
-    cls_name, fields = SHAPES[name]
-    fields = shrink(fields) if smoke else dict(fields)
-    theta = fields.pop("rope_theta")
-    config = getattr(transformers, cls_name)(**fields, rope_parameters={"rope_type": "default", "rope_theta": theta},
-                                             pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
-
-
-def word_tokenizer(vocab_size: int) -> Any:
-    """A word-level tokenizer over ``vocab_size`` made-up words (decode costs what HFPolicy pays)."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["[PAD]", "[EOS]", *(f"w{i}" for i in range(2, vocab_size))]
-    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[PAD]"))
-    tok.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+# What the estimate assumes of one H200 (bf16 autocast, transformers eager kernels): guesses until
+# the first GPU run. Its "time" rows print every part's measured seconds next to the estimate,
+# so that run is what corrects these figures.
+RATES = {
+    "tflops": 200.0,  # dense bf16 throughput of a prefill or update forward/backward (25% of 790)
+    "decode_s_per_layer": 6e-4,  # one decode step of an eager HF model: launches per decoder layer
+    "build_s_per_gparam": 3.0,  # random init of a model on the GPU, per 1e9 parameters
+    "disk_s_per_gb": 1.5,  # save_pretrained + from_pretrained of the step's model folder
+    "probe_s_per_chain": {"cuda": 0.4, "cpu": 0.2},  # a probe run (CPU: 28 s for 160 chains on 2 cores)
+    "probe_model_s": 20.0,  # the probe's tiny model learning its format, once
+    "start_s": 15.0,  # imports, CUDA context, allocator warm-up
+}
+BUDGET_S = 480.0
 
 
 @dataclass(frozen=True)
-class Workload:
-    prompts: int
-    context: int  # prompt tokens
-    turns: int  # turns per chain
-    turn_tokens: int  # generated tokens per turn (EOS ignored)
-    obs_tokens: int  # observation tokens after each turn
-    trees: int = 2  # m
-    expand: int = 2  # n (one round: l = 1)
-    leaves: int = 3  # k
+class Part:
+    """One part of the run: its name, its estimated seconds, and what runs it (rows out)."""
+
+    name: str
+    estimate_s: float
+    run: Callable[[], list[tuple]]
 
 
-def tree_rollout(policy: Any, w: Workload, vocab: int, seed: int = 0) -> tuple[float, int, list[list[int]], list[list[int]]]:
-    """Tree-GRPO's sampling calls for ``w``; (seconds, generated tokens, leaf contexts, their action masks)."""
-    from treegym.agents.policy import SamplingParams
+class _Counting:
+    """A policy that samples nothing: the rollout's calls, for the estimate (a dry run)."""
 
-    rng = random.Random(seed)
-    params = SamplingParams(temperature=1.0, max_new_tokens=w.turn_tokens, stop=(), ignore_eos=True, seed=seed)
+    def __init__(self, turn_tokens: int) -> None:
+        self.turn_tokens, self.stats, self.calls = turn_tokens, PolicyStats(), []
 
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(2, vocab) for _ in range(n)]
-
-    prompts = [tokens(w.context) for _ in range(w.prompts)]
-    obs = [tokens(w.obs_tokens) for _ in range(w.turns)]
-
-    def grow(branches: list[tuple[list[int], list[int]]], first: list[int]) -> list[tuple[list[int], list[int]]]:
-        """Run each branch (context, mask) from its turn ``first[i]`` to the last turn."""
-        branches = list(branches)
-        for t in range(w.turns):
-            active = [i for i, f in enumerate(first) if f <= t]
-            gens = policy.generate([branches[i][0] for i in active], params)
-            for i, g in zip(active, gens):
-                ctx, mask = branches[i]
-                branches[i] = (ctx + list(g.token_ids) + obs[t], mask + [1] * len(g.token_ids) + [0] * len(obs[t]))
-        return branches
-
-    start = time.perf_counter()
-    before = policy.stats.generated_tokens
-    chains = grow([(p, [0] * len(p)) for p in prompts for _ in range(w.trees)], [0] * (w.prompts * w.trees))
-    # One expansion round: n nodes per tree (a turn boundary of its chain), each continued to a leaf.
-    forks, first, ends = [], [], []
-    for c, (ctx, mask) in enumerate(chains):
-        for _ in range(w.expand):
-            t = rng.randrange(w.turns)
-            cut = w.context + t * (w.turn_tokens + w.obs_tokens)
-            forks.append((ctx[:cut], mask[:cut]))
-            first.append(t)
-            ends.append(c)
-    leaves = chains + grow(forks, first)
-    seconds = time.perf_counter() - start
-    # k leaves per tree are trained: the chain and k - 1 of its expansions.
-    kept = [leaves[c] for c in range(len(chains))] + leaves[len(chains) :][: len(chains) * (w.leaves - 1)]
-    return seconds, policy.stats.generated_tokens - before, [k[0] for k in kept], [k[1] for k in kept]
+    def generate(self, contexts: list[list[int]], params: Any) -> list[Generation]:
+        self.calls.append((len(contexts), sum(map(len, contexts))))
+        self.stats.generated_tokens += len(contexts) * self.turn_tokens
+        return [Generation((2,) * self.turn_tokens, (0.0,) * self.turn_tokens, "", "length") for _ in contexts]
 
 
-def rollout_rows(name: str, model: Any, tok: Any, w: Workload, device: torch.device, batch: int,
-                 bf16: bool) -> tuple[list[tuple], tuple[list[list[int]], list[list[int]]]]:
-    from treegym.agents.hf_policy import HFPolicy
-    from treegym.trainers.runtime import autocast
-
-    speed: dict[bool, float] = {}
-    leaves: tuple[list[list[int]], list[list[int]]] = ([], [])
-    for reuse in (False, True):
-        policy = HFPolicy(model, tok, reuse_prefix=reuse, max_batch_size=batch, cache_bytes=48 << 30)
-        with torch.no_grad(), autocast(device, bf16):
-            seconds, generated, ctxs, masks = tree_rollout(policy, w, tok.vocab_size)
-        speed[reuse] = generated / seconds
-        leaves = (ctxs, masks)
-    ratio = speed[True] / speed[False]
-    return [("rollout", name, "tokens/s, no prefix reuse", f"{speed[False]:.0f}", "", ""),
-            ("rollout", name, "tokens/s, prefix reuse", f"{speed[True]:.0f}", ">= 2x no reuse",
-             f"{'ok' if ratio >= 2 else 'SHORT'} ({ratio:.2f}x)")], leaves
+def shape_estimate(name: str, w: Workload, args: argparse.Namespace, smoke: bool) -> float:
+    """Seconds for a shape's part: build, two rollout passes, two updates, the bf16 check."""
+    model = build_model(name, torch.device("meta"), smoke)
+    n_params, layers = sum(p.numel() for p in model.parameters()), model.config.num_hidden_layers
+    dry = _Counting(w.turn_tokens)
+    _, _, ctxs, masks = tree_rollout(dry, w, vocab=16)
+    decode = sum(math.ceil(rows / args.batch) for rows, _ in dry.calls) * w.turn_tokens * layers * RATES["decode_s_per_layer"]
+    prefill = sum(tokens for _, tokens in dry.calls) * 2 * n_params / (RATES["tflops"] * 1e12)
+    ctxs, masks = ctxs[: args.train_leaves], masks[: args.train_leaves]
+    update = 2 * train_flops(model, [len(c) for c in ctxs], sum(map(sum, masks))) / (RATES["tflops"] * 1e12)
+    bf16 = 14 * n_params * args.bf16_rows * args.bf16_length / (RATES["tflops"] * 1e12)
+    return n_params / 1e9 * RATES["build_s_per_gparam"] + 2 * (decode + prefill) + update + bf16
 
 
-def train_flops(model: Any, lengths: list[int], actions: int) -> float:
-    """Forward+backward FLOPs of one pass: 6 x matmul params per token, causal attention, and the
-    LM head at action tokens only (the scorer applies it there alone)."""
-    cfg = model.config
-    emb = cfg.vocab_size * cfg.hidden_size
-    body = sum(p.numel() for p in model.parameters()) - emb * (1 if cfg.tie_word_embeddings else 2)
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    attn = sum(2 * cfg.num_hidden_layers * n * n * cfg.num_attention_heads * head_dim for n in lengths)  # QK + AV, causal
-    return 3 * (2 * body * sum(lengths) + attn + 2 * emb * actions)
+def step_estimate(name: str, size: StepSize, smoke: bool) -> float:
+    model = build_model(name, torch.device("meta"), smoke)
+    n_params, layers = sum(p.numel() for p in model.parameters()), model.config.num_hidden_layers
+    # Tree-GRPO's calls: 2 turns of the chains (2 per prompt), then up to 2 of the 4 expansions
+    # per prompt, at HFPolicy's 32 rows a batch; the update is small next to its AdamW step.
+    batches = 2 * math.ceil(2 * size.prompts / 32) + 2 * math.ceil(4 * size.prompts / 32)
+    decode = batches * size.turn_tokens * layers * RATES["decode_s_per_layer"]
+    disk = 3 * 2 * n_params / 1e9 * RATES["disk_s_per_gb"]  # bf16 written, read, made fp32
+    return n_params / 1e9 * RATES["build_s_per_gparam"] + disk + decode + 10.0
 
 
-def train_rows(name: str, model: Any, leaves: tuple[list[list[int]], list[list[int]]], device: torch.device,
-               micro: int, peak_tflops: float, bf16: bool) -> list[tuple]:
-    """One Tree-GRPO update over the rollout's kept leaves, through ``treegym.trainers.update``."""
-    from treegym.trainers import losses
-    from treegym.trainers import runtime as rt
-    from treegym.trainers import update as upd
-    from treegym.trainers.config import load_config
-    from treegym.trainers.logprobs import PaddedBatch, TokenScorer
-
-    ctxs, masks = leaves
-    n, width = len(ctxs), max(map(len, ctxs))
-    ids = torch.zeros((n, width), dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width))
-    for i, (c, m) in enumerate(zip(ctxs, masks)):
-        ids[i, : len(c)], attn[i, : len(c)], mask[i, : len(m)] = torch.tensor(c), 1, torch.tensor(m, dtype=torch.float)
-    adv = torch.randn(n, 1).expand(n, width).contiguous() * mask
-    data = PaddedBatch(ids, attn, ids[:, 1:], mask[:, 1:], torch.zeros((n, width - 1)),
-                       {"advantages": adv[:, 1:], "weights": mask[:, 1:]})
-    cfg = load_config(overrides=[("optim.mini_batch_size", n), ("optim.micro_batch_size", micro),
-                                 ("model_opts.bf16", bf16)])
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-6)
-    u = upd.Update(TokenScorer(model), optimizer, params, losses.ppo_clip_loss,
-                   {"agg": "token-mean", "constant": 1024.0, "clip": 0.2, "dual_clip": 3.0}, cfg, rt.Dist(), device)
-    n_micro = math.ceil(n / micro)
-
-    def one_update() -> float:
-        old = torch.zeros_like(data.mask)
-        _sync(device)
-        t0 = time.perf_counter()
-        upd.update(u, data, old, None, list(range(n)), 1, n_micro)
-        _sync(device)
-        return time.perf_counter() - t0
-
-    model.train()
-    one_update()  # warm-up: allocator, kernels, AdamW state
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    seconds = one_update()
-    model.eval()
-    tokens = int(attn.sum())
-    mfu = train_flops(model, [len(c) for c in ctxs], int(mask.sum())) / seconds / (peak_tflops * 1e12)
-    peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f}" if device.type == "cuda" else "n/a"
-    target = ">= 30%" if name == "qwen2.5-1.5b" else ""
-    status = ("ok" if mfu >= 0.30 else "SHORT") if target else ""
-    return [("train", name, f"tokens/s ({n} leaves, {tokens} tokens)", f"{tokens / seconds:.0f}", "", ""),
-            ("train", name, f"MFU vs {peak_tflops:g} TFLOP/s", f"{100 * mfu:.1f}%", target, status),
-            ("train", name, "peak memory GiB", peak, "", "")]
+def probe_estimate(devices: list[str], chains: int) -> float:
+    return RATES["probe_model_s"] + sum(RATES["probe_s_per_chain"][d] * chains for d in devices)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def plan(args: argparse.Namespace) -> list[Part]:
+    """The run's parts, in order, each with its estimate (nothing runs until a part's ``run``)."""
+    smoke = args.cpu_smoke
+    device = torch.device("cpu" if smoke else "cuda")
+    bf16 = device.type == "cuda"
+    w = Workload(args.prompts, args.context, args.turns, args.turn_tokens, args.obs_tokens)
+
+    def shape_part(name: str) -> list[tuple]:
+        model = build_model(name, device, smoke)
+        tok = word_tokenizer(model.config.vocab_size)
+        rows, (ctxs, masks) = rollout_rows(name, model, tok, w, device, args.batch, bf16)
+        leaves = (ctxs[: args.train_leaves], masks[: args.train_leaves])
+        rows += train_rows(name, model, leaves, device, args.micro_batch, args.peak_tflops, bf16)
+        rows += bf16_rows(name, model, device, args.bf16_rows, args.bf16_length)
+        del model
+        if bf16:
+            torch.cuda.empty_cache()
+        return rows
+
+    size = StepSize(args.step_prompts, args.step_turn_tokens, args.micro_batch)
+    probe_devices = ["cpu", "cpu"] if smoke else ["cuda", "cpu"]
+    shapes = [s for s in args.shapes.split(",") if s]
+    return [
+        *(Part(f"{n}: rollout x2, update x2, bf16 check", shape_estimate(n, w, args, smoke),
+               lambda n=n: shape_part(n)) for n in shapes),
+        *([Part(f"{args.step_shape}: one training step", step_estimate(args.step_shape, size, smoke),
+                lambda: step_rows(args.step_shape, device, smoke, size))] if args.step_shape else []),
+        Part(f"ProbeLock on {' and '.join(probe_devices)}", probe_estimate(probe_devices, args.probe_chains),
+             lambda: probe_rows(probe_devices, args.probe_chains, args.probe_eval, smoke)),
+    ]  # fmt: skip
 
 
-def probe_rows(devices: list[str], chains: int, eval_n: int, smoke: bool) -> list[tuple]:
-    """The sparse probe trained with the same seed on each device; both learn, and agree."""
-    from treegym.study.grid import Method, RunSpec, Task
-    from treegym.study.run import run_one
-
-    task = Task("lock-gpu-check", "ProbeLock-v0", horizon=2, choices=2, turn_tokens=2, chains=chains)
-    got = {}
-    with tempfile.TemporaryDirectory() as out:
-        for i, dev in enumerate(devices):
-            setting = (("optim.lr", 3e-3), ("model_opts.device", dev))
-            r = run_one(RunSpec(f"gpu-check-{i}", task, Method("tree-grpo", "tree-grpo"), budget=4, seed=0,
-                                setting=setting, eval_n=eval_n, evals=1), out)
-            if "error" in r:
-                raise RuntimeError(f"probe run on {dev} failed: {r['error']}\n{r.get('trace', '')}")
-            got[f"{dev}#{i}"] = r
-    rows, finals = [], []
-    for key, r in got.items():
-        before, after = r["success_before_t1"], r["success_t1"]
-        learned = after > before + 0.3
-        finals.append(after)
-        rows.append(("probe", f"ProbeLock on {key.split('#')[0]}", "held-out success (T=1) before -> after",
-                     f"{before:.2f} -> {after:.2f}", "rises by > 0.3", "smoke" if smoke else ("ok" if learned else "FAIL")))
-    noise = 3 * math.sqrt(0.25 / eval_n) * math.sqrt(2)  # 3 sigma of a difference of two rates at n
-    gap = abs(finals[0] - finals[-1])
-    rows.append(("probe", "ProbeLock", f"success gap, {devices[0]} vs {devices[-1]}", f"{gap:.2f}", f"<= {noise:.2f}",
-                 "smoke" if smoke else ("ok" if gap <= noise else "FAIL")))
+def run_parts(parts: list[Part], budget_s: float, spent_s: float) -> list[tuple]:
+    """Each part in turn, unless it would end past the budget; then the time rows."""
+    rows: list[tuple] = []
+    t0 = time.perf_counter() - spent_s
+    for part in parts:
+        start = time.perf_counter()
+        if start - t0 + part.estimate_s > budget_s:
+            rows.append(("skipped", part.name, "not run", "", "", f"SKIPPED: {start - t0:.0f} s + {part.estimate_s:.0f} s "
+                                                                    f"estimate > {budget_s:.0f} s budget"))
+            continue
+        rows += part.run()
+        took = time.perf_counter() - start
+        print(f"{part.name}: {took:.0f} s (estimate {part.estimate_s:.0f} s), at {time.perf_counter() - t0:.0f} s", flush=True)
+        rows.append(("time", part.name, "seconds: measured (estimate)", f"{took:.0f} ({part.estimate_s:.0f})", "", ""))
+    total = time.perf_counter() - t0
+    rows.append(("time", "total", "seconds, start to table", f"{total:.0f}", f"<= {budget_s:.0f}",
+                 "ok" if total <= budget_s else "OVER"))
     return rows
 
 
-def print_table(rows: list[tuple]) -> None:
+def table(rows: list[tuple]) -> str:
     width = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-    for r in [COLUMNS, tuple("-" * w for w in width), *rows]:
-        print("| " + " | ".join(str(v).ljust(w) for v, w in zip(r, width)) + " |")
+    return "\n".join("| " + " | ".join(str(v).ljust(w) for v, w in zip(r, width)) + " |"
+                     for r in [COLUMNS, tuple("-" * w for w in width), *rows])
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes and counts on the CPU (CI)")
+    parser.add_argument("--out", type=Path, help="also write the dated table (markdown) to this file")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds the whole run may take (by its estimate)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from SHAPES")
     parser.add_argument("--prompts", type=int, default=64, help="prompts of the tree workload")
     parser.add_argument("--context", type=int, default=1024, help="prompt tokens")
@@ -276,43 +204,59 @@ def main() -> int:
     parser.add_argument("--train-leaves", type=int, default=96, help="kept leaves trained by the update (16 prompts x 2 x 3)")
     parser.add_argument("--micro-batch", type=int, default=8, help="rollouts per forward/backward in the update")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="bf16 dense peak of the GPU (MFU's roofline)")
+    parser.add_argument("--bf16-rows", type=int, default=16, help="rows of the fixed batch of the bf16 check")
+    parser.add_argument("--bf16-length", type=int, default=1024, help="tokens per row of that batch")
+    parser.add_argument("--step-shape", default="qwen2.5-1.5b", help="shape of the training step's model ('' skips the step)")
+    parser.add_argument("--step-prompts", type=int, default=16, help="prompts of that step (x 6 rollouts)")
+    parser.add_argument("--step-turn-tokens", type=int, default=32, help="tokens per turn in that step")
     parser.add_argument("--probe-chains", type=int, default=160, help="rollout budget of each probe run")
     parser.add_argument("--probe-eval", type=int, default=64, help="held-out prompts of each probe run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:  # the same paths, at sizes a CI runner does in seconds
+        args.prompts, args.context, args.turns, args.turn_tokens, args.obs_tokens = 2, 24, 2, 3, 4
+        args.batch, args.train_leaves, args.micro_batch, args.probe_chains, args.probe_eval = 8, 12, 4, 12, 4
+        args.bf16_rows, args.bf16_length, args.step_prompts, args.step_turn_tokens = 2, 16, 2, 2
+        if args.shapes == ",".join(SHAPES):
+            args.shapes = "smollm2-135m"
+        if args.step_shape == "qwen2.5-1.5b":
+            args.step_shape = "smollm2-135m"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("SKIPPED: no GPU")
         return 0
-    smoke = args.cpu_smoke
-    if smoke:  # the same paths, at sizes a CI runner does in seconds
-        args.prompts, args.context, args.turns, args.turn_tokens, args.obs_tokens = 2, 24, 2, 3, 4
-        args.batch, args.train_leaves, args.micro_batch, args.probe_chains, args.probe_eval = 8, 12, 4, 12, 4
-        if args.shapes == ",".join(SHAPES):
-            args.shapes = "smollm2-135m"
-    device = torch.device("cpu" if smoke else "cuda")
-    bf16 = device.type == "cuda"
-    w = Workload(args.prompts, args.context, args.turns, args.turn_tokens, args.obs_tokens)
-    print(f"device {torch.cuda.get_device_name(device) if bf16 else 'cpu'}, torch {torch.__version__}; tree workload: "
-          f"{w.prompts} prompts x {w.trees} trees, {w.turns} turns of {w.turn_tokens} tokens, n={w.expand}, l=1, "
-          f"k={w.leaves}, {w.context}-token prompts, {w.obs_tokens}-token observations", flush=True)
-    rows: list[tuple] = []
+    import transformers
+
     t0 = time.perf_counter()
-    for name in [s for s in args.shapes.split(",") if s]:
-        model = build_model(name, device, smoke)
-        tok = word_tokenizer(model.config.vocab_size)
-        got, leaves = rollout_rows(name, model, tok, w, device, args.batch, bf16)
-        rows += got
-        leaves = (leaves[0][: args.train_leaves], leaves[1][: args.train_leaves])
-        rows += train_rows(name, model, leaves, device, args.micro_batch, args.peak_tflops, bf16)
-        print(f"{name}: done at {time.perf_counter() - t0:.0f} s", flush=True)
-        del model
-        if bf16:
-            torch.cuda.empty_cache()
-    rows += probe_rows(["cpu", "cpu"] if smoke else ["cuda", "cpu"], args.probe_chains, args.probe_eval, smoke)
+    smoke = args.cpu_smoke
+    device = "cpu" if smoke else torch.cuda.get_device_name(0)
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (f"gpu_check {when}: {device}, torch {torch.__version__}, transformers {transformers.__version__}; "
+              f"command: treegym bench gpu_check {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
+    print(header)
+    print(f"tree workload: {args.prompts} prompts x 2 trees, {args.turns} turns of {args.turn_tokens} tokens, n=2, l=1, "
+          f"k=3, {args.context}-token prompts, {args.obs_tokens}-token observations", flush=True)
+    parts = plan(args)
+    estimate = RATES["start_s"] + sum(p.estimate_s for p in parts)
+    print("plan" + (" (rates assumed for one H200; --cpu-smoke runs tiny shapes)" if smoke else "") + ":")
+    for p in parts:
+        print(f"  {p.estimate_s:6.0f} s  {p.name}")
+    print(f"  {estimate:6.0f} s  in all, estimated (budget {args.budget:.0f} s)", flush=True)
+    if estimate > args.budget:
+        print(f"the plan's estimate ({estimate:.0f} s) is over --budget {args.budget:.0f} s: shrink the workload flags")
+        return 2
+    rows = run_parts(parts, args.budget, time.perf_counter() - t0)
     if smoke:  # tiny shapes on a CPU measure nothing: the figures only show the code ran
-        rows = [(*r[:5], "smoke") if r[0] != "probe" else r for r in rows]
-    print(f"total {time.perf_counter() - t0:.0f} s")
-    print_table(rows)
-    return 1 if any(r[-1] == "FAIL" for r in rows) else 0
+        rows = [(*r[:5], "smoke") if r[0] not in ("probe", "skipped") else r for r in rows]
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.write_text(f"{header}\n\n{text}\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 1 if any(r[-1] == "FAIL" or str(r[-1]).startswith("SKIPPED") for r in rows) else 0
 
 
 if __name__ == "__main__":

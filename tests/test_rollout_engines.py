@@ -1,7 +1,8 @@
 """The rollout engine of a run (treegym.trainers.engines): backend choice and the weight push.
 
 vLLM cannot run here (no GPU, and it is never installed on CPU machines), so the loop's vLLM
-path is driven through a stand-in ``vllm`` module whose ``LLM`` samples with transformers:
+path is driven through a stand-in ``vllm`` module generated from the real vLLM's API manifest
+(tests/vllm_standin.py: a name vLLM lacks fails there), whose engine samples with transformers:
 what is checked is treegym's side of the contract (the engine sleeps through every update,
 gets the new weights after it, and never samples while asleep), not vLLM itself, which
 ``benchmarks/check_vllm.py`` checks on a GPU.
@@ -12,12 +13,12 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import vllm_standin as standin
 from test_trainer_loop import tiny_config, tiny_model  # noqa: F401  (the fixture)
 
 from treegym.errors import ConfigError, MissingPackageError
@@ -54,8 +55,11 @@ def test_vllm_backend_on_a_cpu_is_a_config_error(monkeypatch: pytest.MonkeyPatch
     assert engines.resolve_backend(auto, torch.device("cuda"), 2) == "hf"
 
 
-class _StandInLLM:
-    """``vllm.LLM`` as treegym calls it, sampling with transformers on the CPU."""
+class _HFEngine:
+    """What runs behind the stand-in ``vllm.LLM`` (tests/vllm_standin.py, built from the real
+    vLLM's manifest): transformers sampling on the CPU, and a log of the calls."""
+
+    last: _HFEngine
 
     def __init__(self, model: str, **kwargs: Any) -> None:
         from treegym.agents.hf_policy import HFPolicy
@@ -65,19 +69,21 @@ class _StandInLLM:
         self.hf, tok = load_model(model, device="cpu", dtype=torch.float32)
         self.policy = HFPolicy(self.hf, tok, seed=kwargs["seed"])
         self.events: list[str] = []
-        _StandInLLM.last = self
+        _HFEngine.last = self
 
-    def generate(self, prompts: list[dict], sampling: Any, use_tqdm: bool) -> list[Any]:
+    def generate(self, prompts: list[dict], sampling_params: Any, use_tqdm: bool) -> list[Any]:
         from treegym.agents.policy import SamplingParams
 
         self.events.append("generate")
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
-                                stop=tuple(sampling.stop or ()), ignore_eos=sampling.ignore_eos)
+        s = sampling_params
+        assert all(set(p) <= set(standin.MANIFEST["classes"]["vllm.inputs.TokensPrompt"]["fields"]) for p in prompts)
+        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_tokens,
+                                stop=tuple(s.stop or ()), ignore_eos=s.ignore_eos)
         gens = self.policy.generate([p["prompt_token_ids"] for p in prompts], params)
-        ns = types.SimpleNamespace
-        return [ns(outputs=[ns(token_ids=list(g.token_ids), text=g.text, finish_reason=g.finish_reason,
-                               logprobs=[{t: ns(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])],
-                   num_cached_tokens=0) for g in gens]
+        return [standin.output("vllm.outputs.RequestOutput", num_cached_tokens=0, outputs=[standin.output(
+            "vllm.outputs.CompletionOutput", token_ids=list(g.token_ids), text=g.text, finish_reason=g.finish_reason,
+            logprobs=[{t: standin.output("vllm.logprobs.Logprob", logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])])
+            for g in gens]  # fmt: skip
 
     def sleep(self, level: int) -> None:
         self.events.append(f"sleep{level}")
@@ -85,14 +91,14 @@ class _StandInLLM:
     def wake_up(self, tags: list[str]) -> None:
         self.events.append("wake:" + ",".join(tags))
 
-    def apply_model(self, fn: Any) -> list[Any]:
+    def apply_model(self, func: Any) -> list[Any]:
         hf = self.hf
 
         class Module:
             def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
                 hf.load_state_dict(dict(named), strict=True)
 
-        return [fn(Module())]
+        return [func(Module())]
 
     def reset_prefix_cache(self) -> None:
         self.events.append("reset")
@@ -102,14 +108,11 @@ class _StandInLLM:
 def test_a_colocated_engine_sleeps_through_each_update_and_gets_the_new_weights(
     monkeypatch: pytest.MonkeyPatch, tiny_model: Path, tmp_path: Path  # noqa: F811
 ) -> None:
-    fake = types.ModuleType("vllm")
-    fake.LLM = _StandInLLM
-    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
-    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm", standin.standin_vllm(_HFEngine))
     monkeypatch.setattr(engines, "resolve_backend", lambda cfg, device, world: "vllm")
     monkeypatch.setattr(engines, "preflight", lambda cfg: None)
     result = train(tiny_config(tiny_model, tmp_path, algo="grpo", steps=12, run__name="vllm"), progress=False)
-    llm = _StandInLLM.last
+    llm = _HFEngine.last
     step = ["sleep2", "wake:weights", "wake:kv_cache", "reset"]
     pushes = [i for i in range(len(llm.events)) if llm.events[i : i + 4] == step]
     assert len(pushes) == 12  # every update: sleep, wake the weights, load them, wake the KV cache, drop prefixes
