@@ -56,7 +56,8 @@ def test_pivot_never_branches_under_uniform_subtrees_while_a_mixed_one_exists() 
 
 
 def test_pivot_spends_nothing_on_a_forest_that_cannot_teach() -> None:
-    forest = Forest([_chain(0, 0.0), _chain(0, 0.0, index=1), _chain(1, 1.0)], 2, 1, random.Random(0))
+    trees = [_chain(0, 0.0), _chain(0, 0.0, index=1), _chain(1, 1.0), _chain(1, 1.0, index=1)]
+    forest = Forest(trees, 2, 1, random.Random(0))
     assert get_rule("pivot")(forest) == []
 
 
@@ -146,3 +147,11 @@ def test_a_rule_that_overspends_is_refused(tmp_path) -> None:
         _checked([(0, 0), (0, 1)], forest, "greedy")
     with pytest.raises(ConfigError, match="not an unfinished node"):
         _checked([(0, 3)], forest, "greedy")  # node 3 is the leaf
+
+
+def test_pivot_judges_a_lone_chain_against_the_forest_and_favours_the_one_that_won() -> None:
+    # B=2: one tree of one chain per prompt. Prompt 0 won, prompts 1-3 lost.
+    trees = [_chain(0, 1.0), _chain(1, 0.0), _chain(2, 0.0), _chain(3, 0.0)]
+    picks = get_rule("pivot")(Forest(trees, 2, 1, random.Random(0)))
+    assert len(picks) == 8
+    assert sum(t == 0 for t, _ in picks) > 8 / 4  # more than an even share goes to the winning chain

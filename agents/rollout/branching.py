@@ -223,22 +223,35 @@ def _remaining_turns(tree: Tree, node_id: int) -> float:
     return max(1.0, statistics.fmean(left)) if left else 1.0
 
 
-def _pivot_scores(forest: Forest, positions: Sequence[int]) -> list[tuple[Choice, float]]:
-    """p̂(1 - p̂) per turn a branch costs, over the candidates of the given trees. Only nodes
-    whose subtrees hold different outcomes are scored while any such node exists; else every
-    candidate of a prompt whose trees' outcomes differ."""
-    by_prompt: dict[int, list[float]] = {}
+def _outcomes(forest: Forest, positions: Sequence[int]) -> dict[int, list[float]]:
+    """Prompt index -> the rewards of its finished leaves, over the given trees."""
+    out: dict[int, list[float]] = {}
     for t in positions:
         tree = forest.trees[t]
-        by_prompt.setdefault(tree.prompt_index, []).extend(_rewards(tree, 0))
+        out.setdefault(tree.prompt_index, []).extend(_rewards(tree, 0))
+    return out
+
+
+def _pivot_scores(forest: Forest, positions: Sequence[int]) -> list[tuple[Choice, float]]:
+    """p̂(1 - p̂) per turn a branch costs, over the candidates of the given trees.
+
+    A prompt whose leaves differ is scored against its own mean; a prompt with one leaf so far
+    (one tree, one chain: it cannot tell yet) against the forest's mean; a prompt whose several
+    leaves all agree is not scored. Only nodes whose subtrees hold different outcomes are kept
+    while any such node exists."""
+    every = [r for tree in forest.trees for r in _rewards(tree, 0)]
+    f_lo, f_hi = min(every, default=0.0), max(every, default=0.0)
     scored: list[tuple[Choice, float, bool]] = []
     for t in positions:
         tree = forest.trees[t]
-        rewards = by_prompt[tree.prompt_index]
-        lo, hi = min(rewards, default=0.0), max(rewards, default=0.0)
-        if hi == lo:
+        rewards = _outcomes(forest, forest.prompts()[tree.prompt_index])[tree.prompt_index]
+        if len(rewards) == 1 and f_hi > f_lo:
+            lo, hi, pool = f_lo, f_hi, every
+        elif len(set(rewards)) > 1:
+            lo, hi, pool = min(rewards), max(rewards), rewards
+        else:
             continue  # the prompt's first wave agrees: nothing here to tell apart
-        prior = (statistics.fmean(rewards) - lo) / (hi - lo)
+        prior = (statistics.fmean(pool) - lo) / (hi - lo)
         for c in candidates(tree):
             p = success_estimate(tree, c, prior, lo, hi)
             mixed = len(set(_rewards(tree, c))) > 1
@@ -257,8 +270,8 @@ def pivot(forest: Forest) -> list[Choice]:
     turn a branch costs, is largest (drawn ∝ that score, without replacement first). No branch
     goes under an all-0 or all-1 subtree while a mixed one exists anywhere in the forest. The
     budget is the forest's, not a tree's: a prompt whose trees all ended alike gets no branch,
-    and its share goes to prompts that can still teach. A forest with nothing to tell apart
-    spends nothing.
+    and its share goes to prompts that can still teach (a prompt with a single chain so far is
+    judged against the forest's mean). A forest with nothing to tell apart spends nothing.
     """
     return _weighted(forest.rng, _pivot_scores(forest, range(len(forest.trees))), forest.budget)
 
@@ -306,13 +319,16 @@ def restart(forest: Forest) -> list[Choice]:
 
 @branching_rule("pivot+restart")
 def pivot_restart(forest: Forest) -> list[Choice]:
-    """Pivot where a prompt's outcomes already differ; restarts at failure in the prompts whose
-    trees all ended alike (where pivot would spend nothing), and their unused share back to
-    pivot. Without failure flags, this is pivot."""
-    prompts = forest.prompts()
+    """Pivot where a prompt's outcomes already differ (or its lone chain did better than the
+    forest's worst); restarts at failure in the prompts whose trees all ended alike or whose lone
+    chain failed, and their unused share back to pivot. Without failure flags, this is pivot."""
+    every = [r for tree in forest.trees for r in _rewards(tree, 0)]
+    floor = min(every, default=0.0)
     uniform, mixed = [], []
-    for positions in prompts.values():
+    for positions in forest.prompts().values():
         rewards = [r for t in positions for r in _rewards(forest.trees[t], 0)]
-        (mixed if len(set(rewards)) > 1 else uniform).extend(positions)
+        # Alike, or a lone chain that failed as badly as anything in the forest: restart there.
+        alike = len(set(rewards)) <= 1 and (len(rewards) > 1 or not rewards or rewards[0] <= floor)
+        (uniform if alike else mixed).extend(positions)
     out = _restarts(forest, uniform, forest.per_tree * len(uniform))
     return out + _weighted(forest.rng, _pivot_scores(forest, mixed), forest.budget - len(out))
