@@ -20,6 +20,10 @@ A step is two phases, so that a pool of envs can batch tool calls across envs:
 scratch state lives on the env between the phases, a fork or snapshot at any moment is
 harmless; ``resolve`` refuses a plan made in another state (e.g. after a step in between).
 
+A step's info may flag it as failed, for rules that branch before a failure (restart at
+failure): ``info["invalid_action"]`` (the action could not be parsed or done) or
+``info["failed_step"]`` (a valid action that had no effect: a blocked move, an empty search).
+
 An episode ends when a step returns ``terminated`` or ``truncated``. Every env then refuses
 the next step the same way, from ``plan``: ``TreegymError("step() after the episode ended:
 call env.reset()")`` (and ``"step() before reset()"`` before the first reset). ``restore``

@@ -130,7 +130,8 @@ class QAEnv(ForkableEnv[S]):
             s = replace(s, tool_calls=s.tool_calls + 1)
             result = results[0]
             if isinstance(result, ToolError):
-                obs, info = f"\n\n<information>{result.message}</information>\n\n", {"tool_error": result.message}
+                obs = f"\n\n<information>{result.message}</information>\n\n"
+                info = {"tool_error": result.message, "failed_step": True}  # restart-at-failure reads it
                 s = replace(s, tool_errors=s.tool_errors + 1)
             else:
                 s, obs, info = self.observe(s, parsed, extra, result)

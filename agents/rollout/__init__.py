@@ -3,8 +3,10 @@ tree view, SFT and every trainer share it.
 
 - ``types``: ``Tree``/``Node``/``Turn``/``Rollout``, plain dataclasses;
 - ``context``: the token context a policy continues from (chat or plain);
-- ``samplers``: the chain sampler (GRPO) and the tree sampler (Tree-GRPO's m, n, l, k and the
-  expansion rule), which grow trees by forking envs at nodes;
+- ``samplers``: the chain sampler (GRPO) and the tree sampler (Tree-GRPO's m, n, l, k, the
+  branching rule and distinct sibling branches), which grow trees by forking envs at nodes;
+- ``branching``: branching rules, plain functions from the forest grown so far to the nodes to
+  fork next, registered by name (the reference, pivot, restart at failure, ...);
 - ``episode``: ``run_episode``, a text agent driven through the env's own step.
 """
 
