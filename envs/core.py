@@ -146,6 +146,10 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
     # Text that ends an agent's turn in this env's protocol, besides the samplers' own tag stops
     # (e.g. a household command is one line without commas). Samplers add these to their stops.
     action_stops: tuple[str, ...] = ()
+    # The info keys that hold the task's labels (gold answers, supporting ids): for the env's
+    # own scoring and in-process helpers only; ``treegym.envs.public_info`` drops them from
+    # whatever crosses a wire (serve-env, the TRL adapter).
+    label_keys: frozenset[str] = frozenset()
 
     def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20,
                  render_mode: str | None = None) -> None:
