@@ -113,10 +113,10 @@ def test_a_failed_run_leaves_no_empty_run_folder(tiny_model: Path, tmp_path: Pat
 # ---- a run stays inside its folder, and owns it alone ----------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["../escaped", "/tmp/treegym-escaped-run", "a/../../escaped", "..", "a\\b"])
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/treegym-escaped-run", "a/../../escaped", "..", "a\\b", "~/escaped"])
 def test_a_run_name_cannot_leave_the_out_folder(name: str, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs"
-    with pytest.raises(ConfigError, match="run.name must be one plain folder name inside run.out_dir"):
+    with pytest.raises(ConfigError, match="run.name must be a relative folder name inside run.out_dir"):
         train(small_config(tiny_model, out, steps=1, run__name=name), progress=False)
     assert not (tmp_path / "escaped").exists() and not Path("/tmp/treegym-escaped-run").exists()
 

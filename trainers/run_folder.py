@@ -1,8 +1,9 @@
 """Open a run folder so that a run never mixes with another run's files, nor touches files
 that are not a run's.
 
-- A run folder is ``run.out_dir/run.name``, and the name is one plain folder name: an absolute
-  path or a ``..`` cannot take a run (or its clean-up) outside ``run.out_dir``.
+- A run folder is ``run.out_dir/run.name``, and the name is a relative path without ``..``
+  (the study nests ``phase/method`` names): an absolute path, a ``..`` or a symlink cannot
+  take a run (or its clean-up) outside ``run.out_dir``.
 - A fresh run (``run.resume=false``, or nothing to resume from) starts from a clean folder: the
   files that an older run wrote there are removed first, so its checkpoints can neither crowd
   out the new ones nor be resumed later. Only what the folder's manifest (``MANIFEST``, written
@@ -72,12 +73,13 @@ class RunLock:
 def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
     """``run.out_dir/run.name`` (a stamped default name); a name that would leave ``out_dir`` is refused."""
     name = cfg.run.name or f"{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-{stamp}"
-    if not name or "/" in name or "\\" in name or name in (".", "..") or Path(name).is_absolute():
-        raise ConfigError(f"run.name must be one plain folder name inside run.out_dir (no '/', '\\' or '..'), "
-                          f"got {name!r}; set run.out_dir to choose where runs go")  # fmt: skip
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name or name.startswith("~"):
+        raise ConfigError(f"run.name must be a relative folder name inside run.out_dir (no absolute path, '..', "
+                          f"'~' or '\\'), got {name!r}; set run.out_dir to choose where runs go")  # fmt: skip
     out = Path(cfg.run.out_dir).expanduser()
     folder = out / name
-    if folder.is_symlink() or not folder.resolve().is_relative_to(out.resolve()):
+    if not folder.resolve().is_relative_to(out.resolve()):  # a symlink out of it
         raise ConfigError(f"run folder {folder} leads outside run.out_dir ({out}); choose another run.name")
     return folder
 
