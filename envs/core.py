@@ -40,7 +40,7 @@ from gymnasium import spaces
 from gymnasium.error import CustomSpaceError
 from gymnasium.vector.utils import create_shared_memory
 
-from treegym.errors import TreegymError
+from treegym.errors import SnapshotError, TreegymError
 
 StateT = TypeVar("StateT")
 
@@ -213,10 +213,10 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
             raise TypeError(f"restore() takes a Snapshot, got {type(snapshot).__name__}")
         if snapshot.env_class != type(self).__qualname__:
             raise ValueError(f"snapshot of {snapshot.env_class} cannot restore a {type(self).__qualname__}")
-        want = state_type(type(self))
+        want = state_type(type(self)) or getattr(type(self), "state_class", None)  # QAEnv[S] names its own
         if snapshot.state is not None and want is not None and not isinstance(snapshot.state, want):
-            raise TypeError(f"snapshot state must be a {want.__name__} (or None), got {type(snapshot.state).__name__}: "
-                            "restore only what snapshot() returned")
+            raise SnapshotError(f"snapshot state must be a {want.__name__} (or None), got "
+                                f"{type(snapshot.state).__name__}: restore only what snapshot() returned")
         self.state = snapshot.state
 
     def fork(self) -> ForkableEnv[StateT]:
