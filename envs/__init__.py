@@ -66,6 +66,13 @@ def _copy_wrapper(wrapper: gym.Wrapper, inner: gym.Env) -> gym.Wrapper:
     return new
 
 
+def public_info(env: gym.Env, info: dict) -> dict:
+    """``info`` without the env's labels (``ForkableEnv.label_keys``): what may cross a wire.
+    Scoring keys (``success``, ``em``, ``f1``) stay; a trainer that needs a label asks the env."""
+    labels = base_env(env).label_keys
+    return {k: v for k, v in info.items() if k not in labels}
+
+
 def snapshot(env: gym.Env) -> Snapshot:
     """``env.unwrapped.snapshot()``, for an env made by ``gym.make``."""
     return base_env(env).snapshot()
@@ -91,6 +98,7 @@ __all__ = [
     "base_env",
     "fork",
     "make",
+    "public_info",
     "register_envs",
     "restore",
     "snapshot",

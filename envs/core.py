@@ -44,7 +44,7 @@ from gymnasium import spaces
 from gymnasium.error import CustomSpaceError
 from gymnasium.vector.utils import create_shared_memory
 
-from treegym.errors import TreegymError
+from treegym.errors import SnapshotError, TreegymError
 
 StateT = TypeVar("StateT")
 
@@ -150,6 +150,10 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
     # Text that ends an agent's turn in this env's protocol, besides the samplers' own tag stops
     # (e.g. a household command is one line without commas). Samplers add these to their stops.
     action_stops: tuple[str, ...] = ()
+    # The info keys that hold the task's labels (gold answers, supporting ids): for the env's
+    # own scoring and in-process helpers only; ``treegym.envs.public_info`` drops them from
+    # whatever crosses a wire (serve-env, the TRL adapter).
+    label_keys: frozenset[str] = frozenset()
 
     def __init__(self, *, max_obs_chars: int = 1 << 20, max_action_chars: int = 1 << 20,
                  render_mode: str | None = None) -> None:
@@ -213,10 +217,10 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
             raise TypeError(f"restore() takes a Snapshot, got {type(snapshot).__name__}")
         if snapshot.env_class != type(self).__qualname__:
             raise ValueError(f"snapshot of {snapshot.env_class} cannot restore a {type(self).__qualname__}")
-        want = state_type(type(self))
+        want = state_type(type(self)) or getattr(type(self), "state_class", None)  # QAEnv[S] names its own
         if snapshot.state is not None and want is not None and not isinstance(snapshot.state, want):
-            raise TypeError(f"snapshot state must be a {want.__name__} (or None), got {type(snapshot.state).__name__}: "
-                            "restore only what snapshot() returned")
+            raise SnapshotError(f"snapshot state must be a {want.__name__} (or None), got "
+                                f"{type(snapshot.state).__name__}: restore only what snapshot() returned")
         self.state = snapshot.state
 
     def fork(self) -> ForkableEnv[StateT]:

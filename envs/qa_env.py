@@ -46,6 +46,7 @@ class QAEnv(ForkableEnv[S]):
     splits: ClassVar[tuple[str, ...]] = (*QA_SPLITS, "all")  # the env owns its tasks
     eval_split: ClassVar[str] = "dev"
     state_class: ClassVar[type[QAState]] = QAState
+    label_keys: ClassVar[frozenset[str]] = frozenset({"answers", "supporting_ids", "supporting_titles"})
     prompt: ClassVar[str]  # with a {question} field
     tags: ClassVar[tuple[str, ...]]  # the tool tags and "answer"
     invalid_message: ClassVar[str]

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from treegym.retrieval_index.types import Hit
+from treegym.retrieval_index.types import Hit, clean_text
 
 # Search-R1's message for a turn with no usable tag, verbatim so that its checkpoints carry over.
 INVALID_ACTION_MESSAGE = (
@@ -32,11 +32,6 @@ class ParsedAction:
     argument: str = ""
     error: str | None = None
     well_formed: bool = False  # reasoning in <think> first, then exactly one tool tag
-
-
-def clean_text(text: str) -> str:
-    """Drop what cannot be encoded (lone surrogates, NULs), so no backend chokes on it."""
-    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
 
 
 def parse_action(text: object, tags: Sequence[str] = ("search", "answer"), max_chars: int = 16384) -> ParsedAction:

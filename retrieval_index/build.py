@@ -301,9 +301,22 @@ def load_bm25(folder: Path, corpus: Corpus) -> BM25Retriever:
     check_index(folder, {"type": "bm25", "corpus_hash": corpus.hash, "count": len(corpus.docs)}, rebuild)
     try:
         model = bm25s.BM25.load(str(folder), show_progress=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise IndexFormatError(f"bm25s cannot read {folder} ({exc}); rebuild it with `{rebuild}`") from exc
+        _check_bm25(model)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise IndexFormatError(f"bm25s cannot read {folder} ({type(exc).__name__}: {exc}); "
+                               f"rebuild it with `{rebuild}`") from exc
     return BM25Retriever(model, corpus.docs)
+
+
+def _check_bm25(model: Any) -> None:
+    """What bm25s loads without a look, checked: numeric parameters, a token -> id vocabulary."""
+    for name in ("k1", "b", "delta"):
+        value = getattr(model, name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"its parameter {name} is {value!r}, not a number")
+    vocab = model.vocab_dict
+    if not isinstance(vocab, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in vocab.items()):
+        raise TypeError("its vocabulary is not a mapping of tokens to ids")
 
 
 def build_index(

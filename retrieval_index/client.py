@@ -27,7 +27,7 @@ import requests
 from treegym.errors import TreegymError
 from treegym.retrieval_index.corpus import split_contents
 from treegym.retrieval_index.retrievers import check_k
-from treegym.retrieval_index.types import Hit
+from treegym.retrieval_index.types import Hit, clean_text
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 PADDING_SCORE = -1e30  # FAISS pads a short result list with -3.4e38 (-FLT_MAX)
@@ -147,8 +147,9 @@ def _to_hit(item: dict[str, Any]) -> Hit:
         contents = f'"{document.get("title", "")}"\n{document["text"]}'
     if not isinstance(contents, str):
         raise ValueError("a document without text 'contents'")
+    contents = clean_text(contents)  # a remote server's lone surrogates must not reach a tokenizer
     title, text = split_contents(contents)
     doc_id = document.get("id")
     if doc_id is None:
-        doc_id = "sha1:" + hashlib.sha1(contents.encode("utf-8", errors="replace")).hexdigest()[:16]
-    return Hit(doc_id=str(doc_id), title=title, text=text, score=float(score))
+        doc_id = "sha1:" + hashlib.sha1(contents.encode("utf-8")).hexdigest()[:16]
+    return Hit(doc_id=clean_text(str(doc_id)), title=title, text=text, score=float(score))

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+def clean_text(text: str) -> str:
+    """Drop what cannot be encoded (lone surrogates, NULs), so no backend or tokenizer chokes on it.
+    A JSON ``"\\udcff"`` escape is valid JSON and arrives as such a surrogate."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
+
+
 @dataclass(frozen=True)
 class Hit:
     """One retrieved passage. ``contents`` is the wiki-18 / FlashRAG form ``"Title"\\ntext``."""

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,58 @@ def test_a_failed_run_leaves_no_empty_run_folder(tiny_model: Path, tmp_path: Pat
     with pytest.raises(ConfigError, match="cannot import NoSuchEnv"):
         train(small_config(tiny_model, tmp_path, steps=1, env="tiny_task:NoSuchEnv"), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# ---- a run stays inside its folder, and owns it alone ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/treegym-escaped-run", "a/../../escaped", "..", "a\\b", "~/escaped"])
+def test_a_run_name_cannot_leave_the_out_folder(name: str, tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    with pytest.raises(ConfigError, match="run.name must be a relative folder name inside run.out_dir"):
+        train(small_config(tiny_model, out, steps=1, run__name=name), progress=False)
+    assert not (tmp_path / "escaped").exists() and not Path("/tmp/treegym-escaped-run").exists()
+
+
+def test_starting_over_removes_nothing_that_treegym_did_not_write(tiny_model: Path, tmp_path: Path) -> None:
+    theirs = tmp_path / "run"
+    (theirs / "plots").mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "plots/figure.png", "notes.txt"):
+        (theirs / name).write_text("not treegym's")
+    with pytest.raises(ConfigError, match="holds files that treegym did not write there"):
+        train(small_config(tiny_model, tmp_path, steps=1, run__resume=False), progress=False)
+    assert sorted(p.name for p in theirs.rglob("*")) == ["config.yaml", "figure.png", "metrics.jsonl", "notes.txt", "plots"]
+    # A folder treegym made is cleared of what its manifest lists, and of nothing else.
+    ours = train(small_config(tiny_model, tmp_path, steps=1, run__name="ours"), progress=False).folder
+    (ours / "notes.txt").write_text("mine")
+    with pytest.warns(UserWarning, match="starting .* over"):
+        train(small_config(tiny_model, tmp_path, steps=1, run__name="ours", run__resume=False), progress=False)
+    assert (ours / "notes.txt").read_text() == "mine"
+
+
+def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(tiny_model: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "TINY_PAUSE_AFTER": f"{tmp_path / 'run' / 'metrics.jsonl'}:1"}  # fmt: skip
+    cmd = _train_cmd(tiny_model, tmp_path, "run", "grpo", False)
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not steps_logged(tmp_path / "run") and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert steps_logged(tmp_path / "run") == [1], first.stderr.read() if first.poll() is not None else "timeout"
+        from treegym.cli import main
+
+        assert main(cmd[3:]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"is in use by another run (pid {first.pid})" in err and "\n" not in err
+        assert steps_logged(tmp_path / "run") == [1]  # nothing interleaved
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    # The lock died with its process: the next run resumes the killed one.
+    again = train(small_config(tiny_model, tmp_path, steps=2), progress=False)
+    assert steps_logged(again.folder) == [1, 2]
 
 
 # ---- SIGKILL in the middle of a step, resumed in a fresh process ---------------------------------

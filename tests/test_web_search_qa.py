@@ -291,6 +291,50 @@ def test_a_redirect_to_a_private_address_is_refused(make, faults):
     assert faults.hits["/slow:hop"] == 0
 
 
+def _reached(server: FaultServer, key: str) -> int:
+    """Requests ``server`` got with ``key=KEY`` on any path."""
+    return sum(n for k, n in server.hits.items() if k.endswith(f":{key}"))
+
+
+def test_a_backslash_or_user_info_cannot_smuggle_a_loopback_host_past_the_guard(make, faults):
+    port = faults.url.rsplit(":", 1)[1]
+    env = make(browse_allow=("allowed.example",))
+    for url in (f"http://127.0.0.1:{port}\\@allowed.example/slow?s=0&key=smuggled",
+                f"http://127.0.0.1:{port}\\@nonexistent.invalid/slow?s=0&key=smuggled",
+                f"http://127.0.0.1:{port}@allowed.example/slow?s=0&key=smuggled",
+                f"{faults.url}/redirect?to=http://127.0.0.1:{port}%5C@allowed.example/slow%3Fkey%3Dsmuggled"):
+        obs, info = _browse(make(browse_allow=("allowed.example", f"127.0.0.1:{port}")) if "redirect" in url else env, url)
+        assert "refused" in info["tool_error"], url
+    assert _reached(faults, "smuggled") == 0
+
+
+def test_a_host_that_does_not_resolve_is_refused_not_fetched(make):
+    obs, info = _browse(make(browse_allow=()), "http://nonexistent.invalid/page")
+    assert "refused: nonexistent.invalid does not resolve" in info["tool_error"]
+
+
+def test_the_connection_goes_to_the_address_the_guard_checked_not_to_a_later_resolution(make, faults, monkeypatch):
+    import socket
+
+    port = int(faults.url.rsplit(":", 1)[1])
+    other = FaultServer("127.0.0.2", port)  # where the name points once the check has passed
+    real, asked = socket.getaddrinfo, []
+
+    def rebinding(host, *args, **kwargs):  # a DNS answer with a zero TTL that changes (rebinding)
+        if host != "rebind.test":
+            return real(host, *args, **kwargs)
+        asked.append(host)
+        return real("127.0.0.1" if len(asked) == 1 else "127.0.0.2", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    try:
+        obs, info = _browse(make(browse_allow=("127.0.0.1/32",)), f"http://rebind.test:{port}/slow?s=0&key=rebind")
+    finally:
+        other.stop()
+    assert "all good" in obs and "tool_error" not in info
+    assert (_reached(faults, "rebind"), _reached(other, "rebind")) == (1, 0)
+
+
 def test_the_allow_list_names_hosts_ports_or_networks(make, faults):
     for allow in (["127.0.0.0/8"], [f"127.0.0.1:{faults.url.rsplit(':', 1)[1]}"], ["*"]):
         obs, info = _browse(make(browse_allow=allow), f"{faults.url}/slow?s=0&key=allowed")

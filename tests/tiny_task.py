@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +47,7 @@ class TinyKeysEnv(ForkableEnv[KeysState]):
 
     def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
         _die_if_asked()
+        _pause_if_asked()
         self.check_plan(plan)
         action, s = plan.parsed, self.state
         words = str(action).split()
@@ -73,6 +75,21 @@ def _die_if_asked() -> None:
         return
     if logged:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause_if_asked() -> None:
+    """For concurrency tests: hang (a run still going) once the run has logged step N
+    (``TINY_PAUSE_AFTER="<metrics.jsonl>:N"``), until the test kills the process."""
+    spec = os.environ.get("TINY_PAUSE_AFTER")
+    if not spec:
+        return
+    path, step = spec.rsplit(":", 1)
+    try:
+        logged = f'"step": {int(step)},' in Path(path).read_text()
+    except OSError:
+        return
+    while logged:
+        time.sleep(1)
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:

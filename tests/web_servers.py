@@ -50,19 +50,20 @@ class FaultServer:
     ``/searxng-odd`` answers with wrong field types and lone surrogates; ``/redirect?to=U``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
         self.hits: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.inflight = 0
         self.max_inflight = 0
         self.seen_headers: list[dict[str, str]] = []
-        self._httpd = _Server(("127.0.0.1", 0), _handler(self))
+        self._httpd = _Server((host, port), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"http://{self.host}:{self._httpd.server_address[1]}"
 
     def count(self, key: str) -> int:
         with self.lock:

@@ -47,7 +47,7 @@ from treegym.trainers.checkpoint import (
 from treegym.trainers.config import TrainConfig, to_dict
 from treegym.trainers.heldout import HeldOut, evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
-from treegym.trainers.run_folder import open_run_folder, remove_if_unused
+from treegym.trainers.run_folder import RunLock, open_run_folder, remove_if_unused
 from treegym.trainers.runlog import RunLog, plot_metrics
 
 MAX_NONFINITE_STREAK = 3
@@ -78,8 +78,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     engines.preflight(cfg)
     dist, device = rt.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
+    lock: RunLock | None = None
     try:
-        folder = _open_folder(cfg, dist)
+        folder, lock = _open_folder(cfg, dist)
         run = setup(cfg, folder, dist, device, progress)
         bar = tqdm(total=cfg.steps, initial=run.state.step, desc=f"{cfg.algo} on {cfg.env}",
                    disable=not (progress and dist.main))
@@ -109,22 +110,25 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
             remove_if_unused(folder)  # a failed run leaves no empty run folder behind
         raise
     finally:
+        if lock is not None:
+            lock.release()
         rt.teardown_distributed()
 
 
-def _open_folder(cfg: TrainConfig, dist: rt.Dist) -> Path:
-    """The main process opens the run folder; every process gets it, or the same error."""
+def _open_folder(cfg: TrainConfig, dist: rt.Dist) -> tuple[Path, RunLock | None]:
+    """The main process opens (and locks) the run folder; every process gets it, or the same error."""
     got: Path | TreegymError | None = None
+    lock = None
     if dist.main:
         try:
-            got = open_run_folder(cfg, time.strftime("%Y%m%d-%H%M%S"))
+            got, lock = open_run_folder(cfg, time.strftime("%Y%m%d-%H%M%S"))
         except TreegymError as exc:
             got = exc
     got = rt.broadcast_object(got, dist)
     if isinstance(got, TreegymError):
         raise got
     assert got is not None
-    return got
+    return got, lock
 
 
 @dataclass

@@ -1,14 +1,26 @@
-"""Open a run folder so that a run never mixes with another run's files.
+"""Open a run folder so that a run never mixes with another run's files, nor touches files
+that are not a run's.
 
-A fresh run (``run.resume=false``, or nothing to resume from) starts from a clean folder: the
-files that an older run wrote there are removed first, so its checkpoints can neither crowd
-out the new ones nor be resumed later. A resumed run must have the config that the folder was
-started with, except for the fields in ``MAY_CHANGE_ON_RESUME``; otherwise it is refused with
-the list of what changed.
+- A run folder is ``run.out_dir/run.name``, and the name is a relative path without ``..``
+  (the study nests ``phase/method`` names): an absolute path, a ``..`` or a symlink cannot
+  take a run (or its clean-up) outside ``run.out_dir``.
+- A fresh run (``run.resume=false``, or nothing to resume from) starts from a clean folder: the
+  files that an older run wrote there are removed first, so its checkpoints can neither crowd
+  out the new ones nor be resumed later. Only what the folder's manifest (``MANIFEST``, written
+  by treegym when it made the folder) lists is removed; a folder with run-like files and no
+  manifest is someone else's, and is refused.
+- A running run holds the folder's lock (``LOCK``, an ``flock`` that dies with its process), so
+  a second run of the same name is refused at once instead of interleaving with the first.
+- A resumed run must have the config that the folder was started with, except for the fields
+  in ``MAY_CHANGE_ON_RESUME``; otherwise it is refused with the list of what changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -31,18 +43,75 @@ MAY_CHANGE_ON_RESUME = frozenset({
 # The files and folders a run writes (see treegym.trainers.runlog); only these are ever removed.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "trees.html", "phases.json")
 RUN_DIRS = ("checkpoints", "tb", "plots", "wandb", "final")
+MANIFEST = ".treegym-run.json"  # what treegym writes in this folder: the only names it ever removes
+LOCK = ".treegym-run.lock"  # held by the run that is writing the folder now
+
+
+class RunLock:
+    """The folder's lock, held until ``release`` (or the process's death: the OS drops it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self._fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(self._fd)
+            self._fd = None
+            raise ConfigError(f"run folder {folder} is in use by another run (pid {holder}); wait for it to "
+                              "finish, or choose another run.name") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the flock
+            self._fd = None
 
 
 def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
+    """``run.out_dir/run.name`` (a stamped default name); a name that would leave ``out_dir`` is refused."""
     name = cfg.run.name or f"{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-{stamp}"
-    return Path(cfg.run.out_dir).expanduser() / name
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name or name.startswith("~"):
+        raise ConfigError(f"run.name must be a relative folder name inside run.out_dir (no absolute path, '..', "
+                          f"'~' or '\\'), got {name!r}; set run.out_dir to choose where runs go")  # fmt: skip
+    out = Path(cfg.run.out_dir).expanduser()
+    folder = out / name
+    if not folder.resolve().is_relative_to(out.resolve()):  # a symlink out of it
+        raise ConfigError(f"run folder {folder} leads outside run.out_dir ({out}); choose another run.name")
+    return folder
 
 
-def open_run_folder(cfg: TrainConfig, stamp: str) -> Path:
-    """Create (or check, to resume) the run folder of ``cfg``; write its config.yaml."""
+def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
+    """Create (or check, to resume) the run folder of ``cfg`` and lock it; write its manifest
+    and config.yaml. The caller releases the lock when the run ends."""
     folder = run_folder_path(cfg, stamp)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"run folder {folder} is a file; choose another run.name or run.out_dir")
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    new_lock = not (folder / LOCK).exists()
+    try:
+        lock = RunLock(folder)
+    except BaseException:
+        if created:
+            _remove_empty(folder)
+        raise
+    try:
+        _prepare(cfg, folder)
+    except BaseException:
+        lock.release()
+        if new_lock:  # a refused run leaves no trace in a folder that is not a run's
+            (folder / LOCK).unlink(missing_ok=True)
+        if created:
+            _remove_empty(folder)
+        raise
+    return folder, lock
+
+
+def _prepare(cfg: TrainConfig, folder: Path) -> None:
     resuming = cfg.run.resume and bool(list_checkpoints(folder / "checkpoints"))
     if resuming:
         changed = config_changes(folder / "config.yaml", cfg)
@@ -51,12 +120,15 @@ def open_run_folder(cfg: TrainConfig, stamp: str) -> Path:
                 f"run folder {folder} holds a run with another config ({'; '.join(changed)}); resume it with "
                 "the same config, set run.resume=false to start it over, or choose another run.name")
     elif has_run_files(folder):
+        if not (folder / MANIFEST).is_file():
+            raise ConfigError(f"{folder} holds files that treegym did not write there (it has no {MANIFEST}); "
+                              "choose another run.name, or move them away")  # fmt: skip
         why = "run.resume=false" if not cfg.run.resume else "it has no checkpoint to resume from"
-        warnings.warn(f"starting {folder} over ({why}): removing the old run's files", stacklevel=2)
+        warnings.warn(f"starting {folder} over ({why}): removing the old run's files", stacklevel=3)
         clear_run_files(folder)
+    (folder / MANIFEST).write_text(json.dumps({"written_by": "treegym", "files": [*RUN_FILES, *RUN_DIRS]}) + "\n")
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return folder
 
 
 def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:
@@ -83,12 +155,28 @@ def has_run_files(folder: Path) -> bool:
     return any((folder / name).exists() for name in (*RUN_FILES, *RUN_DIRS))
 
 
+def written_by_treegym(folder: Path) -> set[str]:
+    """The names the folder's manifest says treegym wrote (only names a run writes; none without one)."""
+    try:
+        listed = json.loads((folder / MANIFEST).read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {n for n in listed if isinstance(n, str)} & {*RUN_FILES, *RUN_DIRS}
+
+
 def clear_run_files(folder: Path) -> None:
-    for name in RUN_FILES:
-        (folder / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        if (folder / name).is_dir():
-            shutil.rmtree(folder / name)
+    """Remove what the manifest lists (a symlink is removed, never followed)."""
+    for name in sorted(written_by_treegym(folder)):
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _remove_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty: not ours to remove
+        folder.rmdir()
 
 
 def remove_if_unused(folder: Path) -> bool:
@@ -98,12 +186,14 @@ def remove_if_unused(folder: Path) -> bool:
         return False
     if any(r.get("step", 0) > 0 for r in read_metrics(folder / "metrics.jsonl")):
         return False
-    known = {*RUN_FILES, *RUN_DIRS}
+    known = written_by_treegym(folder) | {MANIFEST, LOCK}
     if any(p.name not in known for p in folder.iterdir()):
         return False  # someone else's files: leave the folder alone
     clear_run_files(folder)
-    folder.rmdir()
-    return True
+    (folder / MANIFEST).unlink(missing_ok=True)
+    (folder / LOCK).unlink(missing_ok=True)
+    _remove_empty(folder)
+    return not folder.exists()
 
 
 _MISSING: Any = object()

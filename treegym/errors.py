@@ -22,3 +22,7 @@ class MissingPackageError(TreegymError, ImportError):
 
 class IndexFormatError(TreegymError):
     """An index folder is corrupt, or was built for another corpus, embedder or version."""
+
+
+class SnapshotError(TreegymError, TypeError):
+    """A snapshot that this env's ``snapshot()`` did not make (a hand-made or forged one)."""

@@ -30,6 +30,7 @@ from treegym.envs.household.catalogue import (
     SLICEABLE,
 )
 from treegym.envs.household.world import Goal, Item, Receptacle, State, World
+from treegym.errors import ConfigError
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -143,9 +144,9 @@ def parse_task_id(task_id: str) -> tuple[str, int]:
     try:
         s, i = normalize_split(split), int(idx)
     except ValueError:
-        raise ValueError(f"bad task id {task_id!r}: expected '<split>-<index>', e.g. 'train-12'") from None
+        raise ConfigError(f"bad task id {task_id!r}: expected '<split>-<index>', e.g. 'train-12'") from None
     if not 0 <= i < SPLITS[s]:
-        raise ValueError(f"task id {task_id!r} out of range: split {s} has {SPLITS[s]} tasks")
+        raise ConfigError(f"task id {task_id!r} out of range: split {s} has {SPLITS[s]} tasks")
     return s, i
 
 

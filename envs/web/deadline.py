@@ -4,7 +4,8 @@
 byte every second holds a request for as long as it likes. Here a timer shuts the socket of
 the exchange down when its deadline passes; the blocked read wakes, and the caller, seeing
 ``Deadline.expired``, reports a timeout. Sessions get this through ``DeadlineAdapter``,
-whose connections put their socket under the thread's current ``Deadline``.
+whose connections put their socket under the thread's current ``Deadline`` (and connect to
+the addresses a guard pinned, ``pinning.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from treegym.envs.web.pinning import PinnedConnection, PinnedPool
 
 _ACTIVE = threading.local()  # .deadline: the Deadline of the exchange running on this thread
 
@@ -107,19 +110,19 @@ class _WatchedPool:
         super()._put_conn(conn)
 
 
-class _HTTPConnection(_WatchedConnection, HTTPConnection):
+class _HTTPConnection(_WatchedConnection, PinnedConnection, HTTPConnection):
     pass
 
 
-class _HTTPSConnection(_WatchedConnection, HTTPSConnection):
+class _HTTPSConnection(_WatchedConnection, PinnedConnection, HTTPSConnection):
     pass
 
 
-class _HTTPPool(_WatchedPool, HTTPConnectionPool):
+class _HTTPPool(_WatchedPool, PinnedPool, HTTPConnectionPool):
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(_WatchedPool, HTTPSConnectionPool):
+class _HTTPSPool(_WatchedPool, PinnedPool, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 

@@ -34,11 +34,14 @@ import requests
 import urllib3
 
 from treegym.envs.web.deadline import Deadline, DeadlineAdapter
+from treegym.envs.web.pinning import PinTarget, pinned
 from treegym.errors import TreegymError
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_REDIRECTS = 10
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_\-:.]+)""", re.IGNORECASE)
+# Vets a URL (AddressGuard.check): returns where it may connect, or raises a FetchError.
+CheckUrl = Callable[[str], PinTarget]
 TEXT_TYPES = ("text/html", "application/xhtml+xml", "text/plain", "text/markdown", "application/xml", "text/xml")
 
 
@@ -166,7 +169,7 @@ class Fetcher:
             return sem
 
     def get(self, url: str, *, params: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None,
-            expect: str = "text", oversize: str = "truncate", check_url: Callable[[str], None] | None = None) -> Response:
+            expect: str = "text", oversize: str = "truncate", check_url: CheckUrl | None = None) -> Response:
         """GET ``url``. ``expect`` is "text" (a page) or "json"; ``oversize`` is "truncate" or "error".
         ``check_url`` (e.g. ``AddressGuard.check``) vets the URL and every redirect target."""
         return self.request("GET", url, params=params, headers=headers, expect=expect, oversize=oversize,
@@ -178,7 +181,7 @@ class Fetcher:
 
     def request(self, method: str, url: str, *, params: Mapping[str, Any] | None = None, json_body: Any = None,
                 headers: Mapping[str, str] | None = None, expect: str = "text", oversize: str = "truncate",
-                check_url: Callable[[str], None] | None = None) -> Response:
+                check_url: CheckUrl | None = None) -> Response:
         """One logical request: attempts with backoff until success or a final ``FetchError``."""
         scheme = urlsplit(url).scheme
         if scheme not in ("http", "https"):
@@ -210,7 +213,7 @@ class Fetcher:
 
     def _attempt(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
                  headers: Mapping[str, str] | None, expect: str, oversize: str,
-                 check_url: Callable[[str], None] | None = None) -> Response:
+                 check_url: CheckUrl | None = None) -> Response:
         cfg = self.config
         with self._hosts_lock:
             self.requests_sent += 1
@@ -230,7 +233,7 @@ class Fetcher:
 
     def _exchange(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
                   headers: Mapping[str, str] | None, expect: str, oversize: str,
-                  check_url: Callable[[str], None] | None, deadline: Deadline) -> Response:
+                  check_url: CheckUrl | None, deadline: Deadline) -> Response:
         cfg = self.config
         host = urlsplit(url).netloc
         try:
@@ -268,22 +271,25 @@ class Fetcher:
         return Response(r.url, status, ctype, decode_body(body, ctype), truncated, headers=dict(r.headers))
 
     def _open(self, method: str, url: str, params: Mapping[str, Any] | None, json_body: Any,
-              headers: Mapping[str, str] | None, check_url: Callable[[str], None] | None) -> requests.Response:
-        """Send the request; with ``check_url``, follow redirects here so each target is vetted."""
+              headers: Mapping[str, str] | None, check_url: CheckUrl | None) -> requests.Response:
+        """Send the request; with ``check_url``, send exactly the URL it checked, connect only to
+        the addresses it checked, and follow redirects here so that each hop is checked too."""
         cfg = self.config
         common: dict[str, Any] = {"headers": dict(headers or {}), "stream": True,
                                   "timeout": (cfg.connect_timeout_s, cfg.read_timeout_s)}  # fmt: skip
         if check_url is None:
             return self.session.request(method, url, params=params, json=json_body, allow_redirects=True, **common)
-        check_url(url)
-        r = self.session.request(method, url, params=params, json=json_body, allow_redirects=False, **common)
+        target = check_url(url)
+        with pinned(target):
+            r = self.session.request(method, target.url, params=params, json=json_body, allow_redirects=False, **common)
         for _ in range(MAX_REDIRECTS):
             if not r.is_redirect:
                 return r
-            target = urljoin(r.url, r.headers["Location"])
+            hop = urljoin(r.url, r.headers["Location"])
             r.close()
-            check_url(target)
-            r = self.session.request("GET", target, allow_redirects=False, **common)
+            target = check_url(hop)
+            with pinned(target):
+                r = self.session.request("GET", target.url, allow_redirects=False, **common)
         r.close()
         raise FetchError(url, f"more than {MAX_REDIRECTS} redirects")
 

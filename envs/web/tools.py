@@ -17,7 +17,7 @@ from typing import Any
 from treegym.envs.core import ToolError
 from treegym.envs.web.backends import SearchBackend, SearchResult
 from treegym.envs.web.cache import ResponseCache, request_key
-from treegym.envs.web.guard import AddressGuard
+from treegym.envs.web.guard import AddressGuard, Target
 from treegym.envs.web.http import Fetcher, FetchError, HttpConfig
 from treegym.envs.web.pages import Link, html_to_text, plain_text
 
@@ -146,7 +146,13 @@ class BrowseTool:
         self.fetcher, self.cache, self.guard = fetcher, cache, guard
 
     def _browse(self, url: str) -> FetchedPage:
-        check = self.guard.check if self.guard is not None else None
+        check = None
+        if self.guard is not None:
+            guard = self.guard
+            first = guard.check(url)  # before the cache too: it is shared with envs that may browse more
+
+            def check(hop: str) -> Target:  # the URL as first resolved and checked; a redirect hop anew
+                return first if hop == url else guard.check(hop)
 
         def compute() -> dict[str, Any]:
             resp = self.fetcher.get(url, expect="text", oversize="truncate", check_url=check)
@@ -157,8 +163,6 @@ class BrowseTool:
                 page = plain_text(resp.text)
             return FetchedPage(resp.url, page.title, page.text, page.links, resp.truncated).to_json()
 
-        if check is not None:
-            check(url)  # before the cache too: it is shared with envs that may browse more
         raw = compute() if self.cache is None else self.cache.get_or_compute("browse", {"url": url}, compute)[0]
         page = FetchedPage.from_json(raw)
         if check is not None and page.url != url:

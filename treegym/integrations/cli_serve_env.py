@@ -16,7 +16,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Serve a treegym env with openenv-core's server: WebSocket /ws (reset, step, state), "
             "HTTP POST /reset, POST /step, GET /state, /schema, /health; plus POST /fork, "
-            "POST /snapshot, POST /restore, GET /tasks and GET /episodes. A fork is a new episode "
+            "POST /snapshot, POST /restore, GET /tasks, GET /episodes and DELETE /episodes/ID. A fork is a new episode "
             "id in its parent's state; a session drives it with reset(attach=ID). "
             "Needs `pip install 'treegym[openenv]'`."
         ),
@@ -28,9 +28,15 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8002, help="port to bind; 0 picks a free one (default: 8002)")
     parser.add_argument("--max-episodes", type=int, default=64,
                         help="live episodes (sessions and forks) at most; past it, a clear error (default: 64)")
+    parser.add_argument("--max-forks", type=int, default=16,
+                        help="live forks per session at most; they count against it and are freed with it (default: 16)")
     parser.add_argument("--max-snapshots", type=int, default=1024, help="live snapshots at most (default: 1024)")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds after which an unused episode, session or snapshot expires (default: 600)")
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                        help="largest HTTP request body or WebSocket message; past it, a 413 (default: 4 MiB)")
+    parser.add_argument("--mcp", action="store_true",
+                        help="serve openenv's MCP routes too (off by default: treegym envs have no MCP tools)")
     parser.set_defaults(func=_serve)
 
 
@@ -44,7 +50,8 @@ def _serve(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     server = serve(args.env_id, kwargs, split=args.split, host=args.host, port=args.port, max_episodes=args.max_episodes,
-                   max_snapshots=args.max_snapshots, idle_timeout_s=args.idle_timeout)
+                   max_forks=args.max_forks, max_snapshots=args.max_snapshots, idle_timeout_s=args.idle_timeout,
+                   mcp=args.mcp, max_body_bytes=args.max_body_bytes)
     print(f"serving {args.env_id} over OpenEnv at {server.url} (WebSocket {server.url}/ws; Ctrl-C to stop)",
           file=sys.stderr, flush=True)
     server.serve_forever()

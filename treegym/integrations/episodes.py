@@ -3,20 +3,27 @@
 Every episode is a fork of one template env (so all of them share its read-only backends);
 fork, snapshot and restore act on episodes by id. Thread-safe: the store's lock guards the
 tables, each episode's lock guards its env. Needs no server package; ``openenv.py`` serves it.
+
+Ownership: ids are chosen here and unguessable (``secrets``), so an id is the right to use
+it, and a client learns only its own. Every episode and snapshot belongs to the session that
+made it (its ``creator``): a fork belongs to the creator of the episode it was forked from,
+counts against that session's ``max_forks`` (never against the ``max_episodes`` that resets
+need, so forks cannot starve other sessions), and is freed with that session; a snapshot
+restores only into an episode of the same session. ``delete`` frees an episode early.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
 
-from treegym.envs import ForkableEnv, Snapshot, fork, restore, snapshot
+from treegym.envs import ForkableEnv, Snapshot, fork, public_info, restore, snapshot
 from treegym.errors import ConfigError, TreegymError
 
 
@@ -33,7 +40,8 @@ class SessionLimitError(TreegymError):
 
 @dataclass(frozen=True)
 class Observed:
-    """The last thing an episode showed: the opening prompt after a reset, or a step's result."""
+    """The last thing an episode showed: the opening prompt after a reset, or a step's result.
+    ``info`` is the env's info without its labels (``treegym.envs.public_info``): it goes on the wire."""
 
     text: str
     reward: float | None = None
@@ -56,6 +64,7 @@ class Episode:
     task_id: str | None = None
     parent_id: str | None = None
     owner: object | None = None  # the session that drives it, if any; it dies with that session
+    creator: object | None = None  # the session it belongs to and counts against; it dies with it too
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,6 +77,7 @@ class SavedSnapshot:
     last: Observed
     steps: int
     task_id: str | None
+    creator: object | None = None  # the session of the episode it was taken from
 
 
 def jsonable(value: Any) -> Any:
@@ -91,18 +101,21 @@ def jsonable(value: Any) -> Any:
 class EpisodeStore:
     """Episodes and snapshots of ``template``'s env, by id.
 
-    At most ``max_episodes`` episodes and ``max_snapshots`` snapshots are live; past that,
-    creating one raises ``SessionLimitError``. One unused for ``idle_timeout_s`` is dropped.
+    At most ``max_episodes`` sessions' episodes (not forks), ``max_forks`` forks per session
+    and ``max_snapshots`` snapshots are live; past that, creating one raises
+    ``SessionLimitError``. One unused for ``idle_timeout_s`` is dropped.
     """
 
-    def __init__(self, template: gym.Env, env_id: str, *, max_episodes: int = 64,
+    def __init__(self, template: gym.Env, env_id: str, *, max_episodes: int = 64, max_forks: int = 16,
                  max_snapshots: int = 1024, idle_timeout_s: float = 600.0) -> None:
         if not isinstance(template.unwrapped, ForkableEnv):
             raise ConfigError(f"{env_id} is not a treegym env: it cannot be forked or snapshotted")
-        if max_episodes < 1 or max_snapshots < 1 or not idle_timeout_s > 0:
-            raise ConfigError("max_episodes and max_snapshots must be at least 1, idle_timeout_s above 0")
+        if max_episodes < 1 or max_forks < 0 or max_snapshots < 1 or not idle_timeout_s > 0:
+            raise ConfigError("max_episodes and max_snapshots must be at least 1, max_forks at least 0, "
+                              "idle_timeout_s above 0")
         self.template, self.env_id = template, env_id
-        self.max_episodes, self.max_snapshots, self.idle_timeout_s = max_episodes, max_snapshots, idle_timeout_s
+        self.max_episodes, self.max_forks = max_episodes, max_forks
+        self.max_snapshots, self.idle_timeout_s = max_snapshots, idle_timeout_s
         self._episodes: dict[str, Episode] = {}
         self._snapshots: dict[str, tuple[SavedSnapshot, float]] = {}
         self._lock = threading.Lock()
@@ -116,16 +129,21 @@ class EpisodeStore:
         for sid in [s for s, (_, used) in self._snapshots.items() if used < cutoff]:
             del self._snapshots[sid]
 
-    def _new_id(self, episode_id: str | None) -> str:
+    def _new_id(self, creator: object, fork: bool) -> str:
         self._sweep()
-        if len(self._episodes) >= self.max_episodes:
-            raise SessionLimitError(
-                f"the server holds {len(self._episodes)} live episodes, its limit (--max-episodes): "
-                f"close a session, or wait for idle episodes to expire (after {self.idle_timeout_s:g} s)")
-        eid = uuid.uuid4().hex if episode_id is None else str(episode_id)
-        if eid in self._episodes:
-            raise ConfigError(f"episode id {eid!r} is already in use: pick another, or attach to it")
-        return eid
+        if fork:
+            held = sum(ep.parent_id is not None and ep.creator is creator for ep in self._episodes.values())
+            if held >= self.max_forks:
+                raise SessionLimitError(
+                    f"this session holds {held} forks, its limit (--max-forks): free one with DELETE "
+                    f"/episodes/ID, or wait for idle ones to expire (after {self.idle_timeout_s:g} s)")
+        else:
+            held = sum(ep.parent_id is None for ep in self._episodes.values())
+            if held >= self.max_episodes:
+                raise SessionLimitError(
+                    f"the server holds {held} live episodes, its limit (--max-episodes): close a "
+                    f"session, or wait for idle episodes to expire (after {self.idle_timeout_s:g} s)")
+        return secrets.token_urlsafe(18)  # 144 random bits: an id nobody can guess
 
     def _get(self, episode_id: str) -> Episode:
         self._sweep()
@@ -139,16 +157,16 @@ class EpisodeStore:
 
     # -- episodes -------------------------------------------------------------------------------
 
-    def create(self, owner: object, *, seed: int | None = None, task_id: str | None = None,
-               episode_id: str | None = None) -> str:
-        """A new episode, reset with ``seed`` (and ``task_id`` if given), driven by ``owner``."""
+    def create(self, owner: object, *, seed: int | None = None, task_id: str | None = None) -> str:
+        """A new episode, reset with ``seed`` (and ``task_id`` if given), driven by and belonging
+        to ``owner``; returns its (unguessable) id."""
         with self._lock:
-            eid = self._new_id(episode_id)
-            ep = self._episodes[eid] = Episode(fork(self.template), Observed(""), owner=owner)
+            eid = self._new_id(owner, fork=False)
+            ep = self._episodes[eid] = Episode(fork(self.template), Observed(""), owner=owner, creator=owner)
         try:
             with ep.lock:
                 text, info = ep.env.reset(seed=seed, options=None if task_id is None else {"task_id": task_id})
-                ep.last = Observed(str(text), info=jsonable(info))
+                ep.last = Observed(str(text), info=jsonable(public_info(self.template, info)))
                 ep.task_id = task_id if task_id is not None else _task_of(info)
         except BaseException:
             self.drop(eid)
@@ -175,6 +193,20 @@ class EpisodeStore:
             if ep is not None and ep.owner is owner:
                 del self._episodes[episode_id]
 
+    def end_session(self, session: object) -> None:
+        """Drop everything ``session`` drives or made: its episodes, its forks, its snapshots."""
+        with self._lock:
+            for eid in [e for e, ep in self._episodes.items() if session in (ep.owner, ep.creator)]:
+                del self._episodes[eid]
+            for sid in [s for s, (saved, _) in self._snapshots.items() if saved.creator is session]:
+                del self._snapshots[sid]
+
+    def delete(self, episode_id: str) -> None:
+        """Free ``episode_id`` now (a fork its session no longer needs)."""
+        with self._lock:
+            self._get(episode_id)
+            del self._episodes[episode_id]
+
     def drop(self, episode_id: str) -> None:
         with self._lock:
             self._episodes.pop(episode_id, None)
@@ -184,18 +216,22 @@ class EpisodeStore:
         with ep.lock:
             obs, reward, terminated, truncated, info = ep.env.step(action)
             ep.steps += 1
-            ep.last = Observed(str(obs), float(reward), bool(terminated), bool(truncated), jsonable(info))
+            ep.last = Observed(str(obs), float(reward), bool(terminated), bool(truncated),
+                               jsonable(public_info(self.template, info)))
             ep.last_used = time.monotonic()
             return ep.last
 
     def fork(self, episode_id: str) -> str:
-        """A new episode, driven by nobody, in the state of ``episode_id``; returns its id."""
+        """A new episode, driven by nobody, in the state of ``episode_id``, belonging to (and
+        counting against the forks of) the session that episode belongs to; returns its id."""
         parent = self.get(episode_id)
+        with self._lock:  # refused before the copy, so a session at its limit costs no fork
+            self._new_id(parent.creator, fork=True)
         with parent.lock:  # not under the store's lock: the parent may be in the middle of a slow step
             child = replace(parent, env=fork(parent.env), parent_id=episode_id, owner=None,
                             last_used=time.monotonic(), lock=threading.Lock())
         with self._lock:
-            eid = self._new_id(None)
+            eid = self._new_id(parent.creator, fork=True)
             self._episodes[eid] = child
         return eid
 
@@ -205,27 +241,28 @@ class EpisodeStore:
         """Save ``episode_id``'s state; returns the snapshot's id."""
         ep = self.get(episode_id)
         with ep.lock:
-            saved = SavedSnapshot(snapshot(ep.env), ep.last, ep.steps, ep.task_id)
+            saved = SavedSnapshot(snapshot(ep.env), ep.last, ep.steps, ep.task_id, ep.creator)
         with self._lock:
             self._sweep()
             if len(self._snapshots) >= self.max_snapshots:
                 raise SessionLimitError(
                     f"the server holds {len(self._snapshots)} snapshots, its limit (--max-snapshots): "
                     f"wait for unused ones to expire (after {self.idle_timeout_s:g} s)")
-            sid = uuid.uuid4().hex
+            sid = secrets.token_urlsafe(18)
             self._snapshots[sid] = (saved, time.monotonic())
         return sid
 
     def restore(self, episode_id: str, snapshot_id: str) -> Observed:
-        """Put ``episode_id`` into the state saved as ``snapshot_id`` (taken from any episode here)."""
+        """Put ``episode_id`` into the state saved as ``snapshot_id``, taken from an episode of the
+        same session (another session's snapshot is, to this one, a snapshot that does not exist)."""
         with self._lock:
             self._sweep()
-            if snapshot_id not in self._snapshots:
-                raise EpisodeNotFoundError(f"no snapshot {snapshot_id!r}: it never existed, or was unused "
-                                           f"for more than {self.idle_timeout_s:g} s")
-            saved, _ = self._snapshots[snapshot_id]
-            self._snapshots[snapshot_id] = (saved, time.monotonic())
             ep = self._get(episode_id)
+            saved, _ = self._snapshots.get(snapshot_id, (None, 0.0))
+            if saved is None or saved.creator is not ep.creator:
+                raise EpisodeNotFoundError(f"no snapshot {snapshot_id!r} of this session: it never existed, "
+                                           f"or was unused for more than {self.idle_timeout_s:g} s")
+            self._snapshots[snapshot_id] = (saved, time.monotonic())
         with ep.lock:
             restore(ep.env, saved.snap)
             ep.last, ep.steps, ep.task_id = saved.last, saved.steps, saved.task_id

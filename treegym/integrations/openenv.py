@@ -6,8 +6,11 @@ OpenEnv's own routes speak its protocol unchanged: the WebSocket ``/ws`` (``rese
 (``TreegymObservation``: the text, the reward, done, terminated/truncated, the env's info, and
 the episode id). Episodes live in a bounded ``EpisodeStore`` under ids, so extension routes
 can address them: ``POST /fork``, ``POST /snapshot``, ``POST /restore``, ``GET /tasks``,
-``GET /episodes``. A fork is a new episode id that starts in its parent's state; a session
-drives it with ``reset(attach=ID)``. Needs ``pip install 'treegym[openenv]'``.
+``GET /episodes``, ``DELETE /episodes/ID``. A fork is a new episode id that starts in its
+parent's state; a session drives it with ``reset(attach=ID)``. Ids are the server's, and
+unguessable; an episode, its forks and its snapshots belong to the session that made them
+(``episodes.py``). Labels never go on the wire (``treegym.envs.public_info``). MCP is off
+unless asked for; request bodies are capped (413). Needs ``pip install 'treegym[openenv]'``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,20 @@ from urllib.parse import urlsplit
 
 from treegym.envs import make
 from treegym.errors import ConfigError, MissingPackageError, TreegymError
-from treegym.integrations.episodes import EpisodeNotFoundError, EpisodeStore, Observed, SessionLimitError
+from treegym.integrations.episodes import (
+    EpisodeNotFoundError,
+    EpisodeStore,
+    Observed,
+    SessionLimitError,
+    jsonable,
+)
+from treegym.integrations.wire import WireLimits
 
 try:
     import httpx
     import uvicorn
     from fastapi import FastAPI, Request, WebSocketDisconnect
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from openenv.core.client_types import StepResult
     from openenv.core.env_client import EnvClient
@@ -46,6 +57,7 @@ except ImportError:
                               "pip install 'treegym[openenv]'") from None
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_BODY_BYTES = 4 << 20  # an action of max_action_chars (1 Mi characters) fits, in any UTF-8
 
 
 # ---- the typed messages -----------------------------------------------------------------------
@@ -61,7 +73,8 @@ class TreegymObservation(Observation):
     """What the env appended after a turn (or the opening prompt after a reset).
 
     ``done`` is ``terminated or truncated``; ``info`` is the env's info dict (the terminal
-    step's holds ``success``, QA envs also ``em`` and ``answers``), made JSON-safe.
+    step's holds ``success``, QA envs also ``em``), made JSON-safe, without the task's labels
+    (gold answers, supporting ids: ``treegym.envs.public_info``).
     """
 
     text: str = Field(description="the observation text")
@@ -101,18 +114,23 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
               attach: str | None = None, **kwargs: Any) -> TreegymObservation:
-        """Start a new episode (``seed``, ``task_id``, an ``episode_id`` of your choice), or
-        ``attach`` to a live one (a fork) and carry on from its state."""
+        """Start a new episode (``seed``, ``task_id``), or ``attach`` to a live one (a fork) and
+        carry on from its state. The server picks the episode id (unguessable), so an
+        ``episode_id`` of the client's choice is refused."""
         if kwargs:
-            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, episode_id, task_id, attach")
+            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, task_id, attach")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"reset: seed must be an integer, got {seed!r}")
+        if episode_id is not None:
+            raise ConfigError("reset: the server picks episode ids (unguessable, so that no other client can "
+                              "drive this episode); reset without episode_id and read it from the observation")
         if attach is not None:
             ep = self.store.attach(str(attach), owner=self)
             self._leave(keep=str(attach))
             self.episode_id = str(attach)
             return TreegymObservation.of(ep.last, self.episode_id)
         self._leave()
-        self.episode_id = self.store.create(self, seed=seed, task_id=None if task_id is None else str(task_id),
-                                            episode_id=episode_id)
+        self.episode_id = self.store.create(self, seed=seed, task_id=None if task_id is None else str(task_id))
         return TreegymObservation.of(self.store.get(self.episode_id).last, self.episode_id)
 
     def step(self, action: TreegymAction, timeout_s: float | None = None, **kwargs: Any) -> TreegymObservation:
@@ -134,6 +152,7 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
 
     def close(self) -> None:
         self._leave()
+        self.store.end_session(self)  # its forks and snapshots are freed with it
 
     def _leave(self, keep: str | None = None) -> None:
         if self.episode_id is not None and self.episode_id != keep:
@@ -171,17 +190,27 @@ class QuietSessionEnd:
                 raise
 
 
-def make_app(store: EpisodeStore) -> FastAPI:
-    """OpenEnv's FastAPI app over ``store``, with the fork/snapshot/restore extensions."""
+def make_app(store: EpisodeStore, *, mcp: bool = False, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """OpenEnv's FastAPI app over ``store``, with the fork/snapshot/restore extensions; its
+    MCP routes only with ``mcp``; request bodies and WebSocket messages up to ``max_body_bytes``."""
     factory = functools.partial(TreegymEnvironment, store)
     app = create_fastapi_app(factory, TreegymAction, TreegymObservation, concurrency_config=ConcurrencyConfig(
         max_concurrent_envs=store.max_episodes, session_timeout=store.idle_timeout_s))
+    if not mcp:  # a treegym env has no MCP tools, and each MCP session would take a session slot
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/mcp"]
     app.add_middleware(QuietSessionEnd)
+    app.add_middleware(WireLimits, max_body_bytes=max_body_bytes, mcp=mcp)
+    app.state.max_body_bytes = max_body_bytes  # the WebSocket frame limit, for EnvServer
 
     @app.exception_handler(TreegymError)
     async def _treegym_error(request: Request, exc: TreegymError) -> JSONResponse:
         code = 404 if isinstance(exc, EpisodeNotFoundError) else 503 if isinstance(exc, SessionLimitError) else 400
         return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes the input, and a NaN in it is not JSON: a 500 instead of a 422.
+        return JSONResponse({"detail": jsonable(exc.errors())}, status_code=422)
 
     @app.post("/fork", tags=["treegym"], summary="Fork an episode: a new episode id in the same state")
     def fork_episode(request: EpisodeRequest) -> dict[str, Any]:
@@ -206,8 +235,13 @@ def make_app(store: EpisodeStore) -> FastAPI:
     @app.get("/episodes", tags=["treegym"], summary="How many episodes and snapshots are live, and the limits")
     def episodes() -> dict[str, Any]:
         live, snaps = store.counts()
-        return {"live_episodes": live, "max_episodes": store.max_episodes, "snapshots": snaps,
-                "max_snapshots": store.max_snapshots, "idle_timeout_s": store.idle_timeout_s}
+        return {"live_episodes": live, "max_episodes": store.max_episodes, "max_forks": store.max_forks,
+                "snapshots": snaps, "max_snapshots": store.max_snapshots, "idle_timeout_s": store.idle_timeout_s}
+
+    @app.delete("/episodes/{episode_id}", tags=["treegym"], summary="Free an episode (a fork no longer needed)")
+    def delete_episode(episode_id: str) -> dict[str, Any]:
+        store.delete(episode_id)
+        return {"deleted": episode_id}
 
     return app
 
@@ -238,7 +272,8 @@ class EnvServer:
         """Serve until interrupted (Ctrl-C) or ``stop()``."""
         if self.app is None:
             raise TreegymError("EnvServer has no app to serve")
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on",
+                                                    ws_max_size=getattr(self.app.state, "max_body_bytes", MAX_BODY_BYTES)))
         try:
             self.server.run(sockets=[self.socket])
         finally:
@@ -330,19 +365,21 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
 
 
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, split: str | None = None,
-          host: str = "127.0.0.1", port: int = 8002, max_episodes: int = 64, max_snapshots: int = 1024,
-          idle_timeout_s: float = 600.0) -> EnvServer:
+          host: str = "127.0.0.1", port: int = 8002, max_episodes: int = 64, max_forks: int = 16,
+          max_snapshots: int = 1024, idle_timeout_s: float = 600.0, mcp: bool = False,
+          max_body_bytes: int = MAX_BODY_BYTES) -> EnvServer:
     """Bind ``host:port``, make ``env_id`` (``treegym.envs.make``) and set up its OpenEnv app; then
     call the returned server's ``serve_forever()`` (or ``start()`` for a background thread)."""
-    if max_episodes < 1 or max_snapshots < 1 or not idle_timeout_s > 0:
-        raise ConfigError("--max-episodes and --max-snapshots must be at least 1, --idle-timeout above 0")
+    if max_episodes < 1 or max_snapshots < 1 or max_forks < 0 or not idle_timeout_s > 0 or max_body_bytes < 1024:
+        raise ConfigError("--max-episodes and --max-snapshots must be at least 1, --max-forks at least 0, "
+                          "--idle-timeout above 0, --max-body-bytes at least 1024")
     server = EnvServer(host, port)  # a taken port fails before a big env is built
     try:
         template = make(env_id, split, **(env_kwargs or {}))
-        store = EpisodeStore(template, env_id, max_episodes=max_episodes, max_snapshots=max_snapshots,
-                             idle_timeout_s=idle_timeout_s)
+        store = EpisodeStore(template, env_id, max_episodes=max_episodes, max_forks=max_forks,
+                             max_snapshots=max_snapshots, idle_timeout_s=idle_timeout_s)
     except BaseException:
         server.socket.close()
         raise
-    server.app = make_app(store)
+    server.app = make_app(store, mcp=mcp, max_body_bytes=max_body_bytes)
     return server

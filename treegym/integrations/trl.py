@@ -31,7 +31,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from treegym.envs import base_env, fork, make
+from treegym.envs import base_env, fork, make, public_info
 from treegym.errors import ConfigError, MissingPackageError
 
 try:
@@ -61,7 +61,7 @@ class TRLEnv:
         """Start an episode on the row's task (``task_id``) or seed; return the opening prompt."""
         options = None if task_id is None else {"task_id": task_id}
         obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options)
-        self._return, self._turns, self._ended, self._info = 0.0, 0, False, dict(info)
+        self._return, self._turns, self._ended, self._info = 0.0, 0, False, public_info(self._env, info)
         return obs
 
     def step(self, action: str) -> str:
@@ -75,7 +75,7 @@ class TRLEnv:
         obs, reward, terminated, truncated, info = self._env.step(action)
         self._return += float(reward)
         self._turns += 1
-        self._info = dict(info)
+        self._info = public_info(self._env, info)
         self._ended = bool(terminated or truncated)
         return f"{obs}\n{ENDED}" if self._ended else obs
 
@@ -100,7 +100,8 @@ class TRLEnv:
 
     @property
     def info(self) -> dict[str, Any]:
-        """The last step's info (at the end: ``success``, and ``em`` for QA envs)."""
+        """The last step's info (at the end: ``success``, and ``em`` for QA envs), without the
+        task's labels (``treegym.envs.public_info``); the env itself (``.env``) has them."""
         return self._info
 
 

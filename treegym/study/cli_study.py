@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,16 +22,34 @@ from pathlib import Path
 from treegym.errors import ConfigError
 from treegym.study.grid import METHODS, TASKS, Grid, improved_methods, quick_grid
 from treegym.study.report import choose_settings, write_report
-from treegym.study.run import run_all
+from treegym.study.run import run_all, stop_on_signals
 
 
-def _csv(kind: str, valid: dict | None = None, cast: type = str):  # noqa: ANN202
+def _csv(kind: str, valid: dict | None = None, cast: type = str, empty_ok: bool = False):  # noqa: ANN202
     def parse(text: str) -> tuple:
-        items = tuple(cast(x) for x in text.split(",") if x)
+        try:
+            items = tuple(cast(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{kind}s are comma-separated {cast.__name__}s, got {text!r}") from None
+        if not items and not empty_ok:
+            raise argparse.ArgumentTypeError(f"name at least one {kind} (got {text!r})")
         bad = [x for x in items if valid is not None and x not in valid]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {kind} {', '.join(map(str, bad))}; valid: {', '.join(valid or ())}")
         return items
+    return parse
+
+
+def _count(what: str):  # noqa: ANN202
+    """An int >= 0, where 0 means the default."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{what} must be at least 1 (0 for the default), got {value}")
+        return value
     return parse
 
 
@@ -61,8 +80,21 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
 
 def _cmd_study(args: argparse.Namespace) -> int:
     grid = grid_from_args(args)
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; the study needs a folder for results.jsonl and report.md")
     results = out / "results.jsonl"
+    if results.exists() and not results.is_file():
+        raise ConfigError(f"{results} is not a file; choose another --out")
+    previous = stop_on_signals(results)
+    try:
+        return _study(args, grid, out, results)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _study(args: argparse.Namespace, grid: Grid, out: Path, results: Path) -> int:
     runs_dir = out / "runs"
     workers = args.workers or max(1, min(os.cpu_count() or 1, 8))
     t0 = time.time()
@@ -105,14 +137,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a small grid (about 5 minutes on 2 cores)")
     p.add_argument("--out", default="runs/study", help="folder for results.jsonl, report.md and plots")
-    p.add_argument("--workers", type=int, default=0, help="parallel training processes (default: CPU count, at most 8)")
+    p.add_argument("--workers", type=_count("--workers"), default=0, help="parallel training processes (default: CPU count, at most 8)")
     p.add_argument("--tasks", type=_csv("task", TASKS), help=f"comma-separated, of: {', '.join(TASKS)}")
-    p.add_argument("--extra-tasks", type=_csv("task", TASKS), help="report-only tasks at the tuning budget, tuned as "
+    p.add_argument("--extra-tasks", type=_csv("task", TASKS, empty_ok=True), help="report-only tasks at the tuning budget, tuned as "
                    "the first task (default: lookup; '' for none; e.g. lock-L1,lock-L16 for turn length)")
     p.add_argument("--methods", type=_csv("method", METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--budgets", type=_csv("budget", None, int), help="per-prompt budgets B, e.g. 2,4,8")
-    p.add_argument("--seeds", type=int, default=0, help="report seeds per cell (default 16; --quick 6)")
-    p.add_argument("--tune-seeds", type=int, default=0, help="tuning seeds per setting (default 3; --quick 1)")
+    p.add_argument("--seeds", type=_count("--seeds"), default=0, help="report seeds per cell (default 16; --quick 6)")
+    p.add_argument("--tune-seeds", type=_count("--tune-seeds"), default=0, help="tuning seeds per setting (default 3; --quick 1)")
     p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_study)

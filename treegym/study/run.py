@@ -2,15 +2,25 @@
 
 The results file is the study's state: a run whose key is already in it is skipped, so an
 interrupted study resumes where it stopped, and a finished one reprints its report at once.
-A run that fails is recorded with its error (and retried on the next invocation).
+A run that fails is recorded with its error (and retried on the next invocation). A line that
+a kill tore (no newline at the end, or not JSON) is moved to ``<results>.torn`` with a message
+before anything is appended, so no record is ever glued onto a fragment.
+
+Workers die with the study: on Linux each asks the kernel for SIGKILL when its parent dies
+(``PR_SET_PDEATHSIG``), elsewhere a thread watches the parent's pid. SIGTERM (or Ctrl-C) stops
+the grid at once: pending runs are cancelled, running ones killed, finished ones kept.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import statistics
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Sequence
@@ -19,6 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from treegym.errors import TreegymError
 from treegym.study.grid import RunSpec
 
 MODELLED_TOOL_LATENCY = 0.5  # seconds per tool call, like a web search API
@@ -27,7 +38,31 @@ MODELLED_TOOL_LATENCY = 0.5  # seconds per tool call, like a web search API
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def _init_worker() -> None:
+class StudyStopped(TreegymError):
+    """A signal stopped the study; every run it finished is in the results file."""
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` does (a killed study leaves no orphans)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="treegym-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # it died before the request above
+        os._exit(1)
+
+
+def _init_worker(parent: int) -> None:
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     for var in _THREAD_VARS:
         os.environ[var] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -107,21 +142,66 @@ def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    """Every record in ``path``; a torn last line (a kill mid-append) is skipped."""
+    """Every record in ``path``; a torn line (a kill mid-append) is skipped (``repair_results`` moves it away)."""
     if not path.exists():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and "key" in record:
+            out.append(record)
     return out
+
+
+def repair_results(path: Path) -> int:
+    """Move every line of ``path`` that is not a whole record (a torn last line, without its
+    newline) to ``<path>.torn``, say so, and leave ``path`` ending in a newline; returns how many."""
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines[-1]  # what follows the last newline: b"" unless the last line lost its newline
+    good, bad = [], []
+    for line in lines:
+        try:
+            ok = isinstance(json.loads(line), dict)
+        except ValueError:
+            ok = not line.strip()
+        (good if ok else bad).append(line)
+    if not bad and not tail:
+        return 0
+    torn = path.with_name(path.name + ".torn")
+    with torn.open("ab") as fh:
+        fh.write(b"".join(line + b"\n" for line in bad))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(line + b"\n" for line in good if line.strip()))
+    os.replace(tmp, path)
+    if bad:
+        print(f"study: {path} had {len(bad)} torn line(s) (a kill mid-write); moved them to {torn}; "
+              "their runs are done again", file=sys.stderr, flush=True)
+    return len(bad)
+
+
+def append_result(path: Path, record: dict[str, Any]) -> None:
+    """Append one record as one whole line, never onto a line without its newline."""
+    line = (json.dumps(record) + "\n").encode()
+    with path.open("ab+") as fh:
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                line = b"\n" + line
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def run_all(specs: Sequence[RunSpec], results: Path, out_dir: Path, workers: int, label: str,
             progress: bool = True) -> list[dict[str, Any]]:
     """Run every spec not yet in ``results`` (in ``workers`` processes); return all its records."""
+    repair_results(results)
     done = {r["key"] for r in read_results(results) if "error" not in r}
     todo = [s for s in specs if s.key not in done]
     if todo:
@@ -146,19 +226,45 @@ def _execute(todo: list[RunSpec], results: Path, out_dir: Path, workers: int, la
     results.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo), desc=label, unit="run", disable=not progress)
     failed = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                               initargs=(os.getpid(),))
+    try:
         pending = {pool.submit(run_one, spec, str(out_dir)) for spec in todo}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 record = fut.result()
                 failed += "error" in record
-                with results.open("a") as fh:
-                    fh.write(json.dumps(record) + "\n")
+                append_result(results, record)
                 bar.update(1)
                 if failed:
                     bar.set_postfix(failed=failed)
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
     bar.close()
     if failed:
         errors = [r for r in read_results(results) if "error" in r][-1:]
         print(f"{failed} run(s) failed; the last: {errors[0]['error'] if errors else '?'} (rerun to retry them)")
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and kill what runs: a stopped study stops now, not after its runs."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # the executor offers no public handle
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def stop_on_signals(results: Path) -> dict[int, Any]:
+    """Turn SIGTERM into a ``StudyStopped`` in the main thread; returns the handlers it replaced."""
+    def stop(signum: int, frame: Any) -> None:
+        raise StudyStopped(f"stopped by {signal.Signals(signum).name}: the finished runs are in {results}; "
+                           "run the same command again to resume")
+
+    return {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM,)}
