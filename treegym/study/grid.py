@@ -179,7 +179,7 @@ class Grid:
     ablation_budget: int = 4
     ablation_tasks: tuple[str, ...] = ("maze",)
     eval_n: int = 64
-    evals: int = 2  # held-out evaluations during a report run, besides before and after
+    evals: int = 1  # held-out evaluations during a report run, besides before and after
     extra_tasks: tuple[str, ...] = ()  # report-only tasks (e.g. turn length), at tune_budget
 
     def tuning_runs(self, methods: dict[str, Method]) -> list[RunSpec]:
