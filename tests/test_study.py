@@ -33,6 +33,10 @@ def test_study_runs_resumes_and_writes_the_report(tiny_grid: None, tmp_path, cap
     text = (tmp_path / "report.md").read_text()
     assert "| tiny | 2 | tree-grpo | 2 |" in text and "Δ vs grpo" in text and "**yes**" in text
     assert (tmp_path / "success_vs_tokens.png").stat().st_size > 0
+    assert (tmp_path / "success_vs_tool_calls.png").stat().st_size > 0
+    assert "Δ at equal trainer tokens" in text and "| learnt | collapsed |" in text and "## Diagnostics" in text
+    assert all({"tokens", "tool_calls", "trainer_tokens", "modelled_seconds"} <= set(r["currency_curve"][-1])
+               for r in report)
     assert (tmp_path / "success_vs_budget.png").stat().st_size > 0
 
     # A rerun finds every run in the results file and trains nothing.
@@ -55,6 +59,28 @@ def test_bootstrap_interval_covers_the_mean_and_shrinks_with_more_seeds() -> Non
     assert hi2 - lo2 < hi - lo
     d, dlo, dhi, n = paired({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.9})
     assert n == 3 and d == pytest.approx(0.4) and dlo == pytest.approx(0.4) and dhi == pytest.approx(0.4)
+
+
+def test_tuning_counts_collapsed_seeds_against_a_setting() -> None:
+    rec = lambda lr, s, last: {"task": "t", "method": "a", "setting": {"optim.lr": lr}, "success_t1": s,  # noqa: E731
+                               "reward_last": last}
+    # lr 1: one seed learns (0.9), four collapse (0.0 reward at the end); lr 2: all move a little.
+    records = [rec(1, 0.9, 0.8)] + [rec(1, 0.05, 0.0)] * 4 + [rec(2, 0.3, 0.2)] * 5
+    assert choose_settings(records) == {"t": {"a": {"optim.lr": 2}}}
+
+
+def test_success_at_equal_spend_reads_each_run_between_its_evaluations() -> None:
+    from treegym.study.report import at_equal_spend, success_at
+
+    def run(seed: int, xs: list[int], ys: list[float]) -> dict:
+        return {"seed": seed, "currency_curve": [{"tool_calls": x, "success_t1": y} for x, y in zip(xs, ys)]}
+
+    assert success_at(run(0, [0, 10], [0.0, 1.0]), "tool_calls", 5) == pytest.approx(0.5)
+    a = [run(0, [0, 10, 20], [0.0, 0.5, 1.0]), run(1, [0, 10, 20], [0.0, 1.0, 1.0])]
+    b = [run(0, [0, 40], [0.0, 1.0]), run(1, [0, 40], [0.0, 0.5])]
+    x, (d, lo, hi, n) = at_equal_spend(a, b, "tool_calls")
+    assert x == 20 and n == 2  # the least any run reached
+    assert d == pytest.approx(((1.0 - 0.5) + (1.0 - 0.25)) / 2)
 
 
 def test_tuning_picks_each_methods_best_setting_per_task() -> None:

@@ -208,8 +208,9 @@ def _order(method: str) -> int:
     return _METHOD_ORDER.index(method) if method in _METHOD_ORDER else len(_METHOD_ORDER)
 
 
-def plot_curves(records: Sequence[dict[str, Any]], path: Path) -> None:
-    """Held-out success (T=1) against generated tokens, mean over seeds with a 95% band."""
+def plot_curves(records: Sequence[dict[str, Any]], path: Path, currency: str = "tokens") -> None:
+    """Held-out success (T=1) against spend in ``currency`` (a key of ``CURRENCIES``), mean over
+    seeds with a 95% band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,18 +223,20 @@ def plot_curves(records: Sequence[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, (task, budget) in zip(axes.flat, panels):
         for method in sorted({m for t, b, m in by if (t, b) == (task, budget)}, key=_order):
-            rs = by[(task, budget, method)]
-            n = min(len(r["curve"]) for r in rs)
+            rs = [r for r in by[(task, budget, method)] if r.get("currency_curve")]
+            if not rs:
+                continue
+            n = min(len(r["currency_curve"]) for r in rs)
             xs, ms, los, his = [], [], [], []
             for i in range(n):
-                xs.append(statistics.fmean(r["curve"][i][0] for r in rs))
-                m, lo, hi = bootstrap_ci([r["curve"][i][2] for r in rs])
+                xs.append(statistics.fmean(r["currency_curve"][i][currency] for r in rs))
+                m, lo, hi = bootstrap_ci([r["currency_curve"][i]["success_t1"] for r in rs])
                 ms.append(m), los.append(lo), his.append(hi)
             c = f"C{_order(method)}"
             ax.plot(xs, ms, marker=".", color=c, label=method)
             ax.fill_between(xs, los, his, color=c, alpha=0.15)
         ax.set_title(f"{task}, B={budget} per prompt")
-        ax.set_xlabel("generated rollout tokens")
+        ax.set_xlabel(CURRENCIES[currency])
         ax.set_ylabel("held-out success (T=1)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
@@ -280,7 +283,8 @@ def write_report(out: Path, tuning: Sequence[dict[str, Any]], chosen: dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     parts = [f"# Equal-budget study\n\n{header}\n"]
     if report:
-        plot_curves(report, out / "success_vs_tokens.png")
+        for currency in CURRENCIES:
+            plot_curves(report, out / f"success_vs_{currency}.png", currency)
         plot_budgets(report, out / "success_vs_budget.png")
         parts += ["## Final held-out success\n",
                   "Success is measured on 64 held-out episodes at temperature 1 (T=1) and greedily, after the "
@@ -299,7 +303,7 @@ def write_report(out: Path, tuning: Sequence[dict[str, Any]], chosen: dict[str, 
                   "a task stop at equal generated tokens (or, for a tool-call task, at equal tool calls).\n",
                   currency_table(report), "",
                   "## Diagnostics\n", diagnostics_table(report), "",
-                  "![success against generated tokens](success_vs_tokens.png)\n",
+                  *[f"![success against {name}](success_vs_{c}.png)\n" for c, name in CURRENCIES.items()],
                   "![final success against budget](success_vs_budget.png)\n"]
     if ablations:
         parts += [f"## Mechanisms (one change each, at B={ablations[0]['budget']} and the reference's tuned setting)\n",
