@@ -170,6 +170,9 @@ def currency_table(records: Sequence[dict[str, Any]], baseline: str = "grpo") ->
         row = []
         for currency in CURRENCIES:
             x, (m, lo, hi, _) = at_equal_spend(rs, base, currency)
+            if not x:  # nothing of it spent (a task without tools): no comparison in that currency
+                row.append("—")
+                continue
             spent = f"{x:,.0f}" if currency != "modelled_seconds" else f"{x:,.0f} s"
             row.append(f"{fmt(m, lo, hi, signed=True)} at {spent}")
         lines.append(f"| {task} | {budget} | {method} | " + " | ".join(row) + " |")
