@@ -28,9 +28,9 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--agent", required=True, help=_AGENT_HELP)
     p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
-    p.add_argument("--n", type=int, default=20, help="episodes (distinct tasks, drawn with --seed; default 20)")
+    p.add_argument("--n", type=int, default=20, help="episodes: the first N tasks of the split, as train's held-out prompts (default 20)")
     p.add_argument("--split", default="auto", help="task split (default auto: the env's held-out split, dev for QA, seen for household)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the task draw and tree search (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tree search with --trees (default 0)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl, report.json, trees.html")
     p.add_argument("--trees", action="store_true",
                    help="policy agents: also sample Tree-GRPO trees (m=2 n=2 l=1 k=3) and write trees.html")

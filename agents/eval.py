@@ -1,4 +1,5 @@
-"""Evaluating an agent on an env: EM, F1 and success with 95% intervals, plus JSONL traces.
+"""Evaluating an agent on an env: EM, F1 and success with 95% intervals, plus JSONL traces
+(written by ``write_traces``, read back by ``read_traces``, e.g. for ``treegym sft --traces``).
 
 ``evaluate(agent, env_id, n)`` runs ``n`` tasks and returns an ``EvalReport``. ``agent`` is a
 spec string (see ``treegym.agents.resolve``) or an object: a text agent (``act(messages)``
@@ -6,23 +7,21 @@ or a callable) runs one episode at a time through ``run_episode``; a token-level
 runs every task as a batched chain (one ``generate`` per turn for all tasks), and can also
 sample Tree-GRPO trees for an HTML view.
 
-Intervals (95%): Wilson score intervals for the 0/1 rates (EM, success), which stay inside
-[0, 1] and behave at small n; percentile bootstrap (2,000 resamples, seeded) for the means of
-F1, turns and tool calls.
+The tasks are the held-out set every command shares (``treegym.agents.rollout.scoring``), and
+each episode is scored as everywhere else (``EpisodeScore``). Intervals (95%, ``treegym.stats``):
+Wilson for the 0/1 rates (EM, success), a seeded percentile bootstrap for the means of F1, the
+well-formed share, turns and tool calls.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 import treegym.envs as envs
 from treegym.agents.base import Message
@@ -30,36 +29,35 @@ from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.resolve import ResolvedAgent, resolve_agent
 from treegym.agents.rollout.episode import Episode, run_episode
 from treegym.agents.rollout.samplers import sample_chains, sample_trees
+from treegym.agents.rollout.scoring import EpisodeScore, HeldOut, episode_score, heldout_prompts
 from treegym.agents.rollout.types import Prompt, Tree, reset_args
-from treegym.envs.core import success
-from treegym.errors import ConfigError
-
-Z95 = 1.959963984540054
+from treegym.errors import ConfigError, TreegymError
+from treegym.stats import Interval, bootstrap_interval, wilson_interval
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A mean with its 95% confidence interval."""
-
-    mean: float
-    low: float
-    high: float
-
-    def __str__(self) -> str:
-        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+class TraceFormatError(TreegymError):
+    """A trace file is missing, empty, or has a line that is not an episode."""
 
 
 @dataclass(frozen=True)
-class EpisodeScore:
-    """The per-episode figures the report aggregates."""
+class Transcript:
+    """An episode as chat messages (the env's prompt, then assistant/user turns) and its success:
+    what a trace line gives back (``read_traces``), and what SFT imitates."""
 
     episode_id: str
+    messages: tuple[Message, ...]
+    success: float  # the env's terminal ``success`` (EM on QA)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One evaluated episode: its ``EpisodeScore`` and what only eval reports (EM, F1, reward, error)."""
+
+    episode_id: str
+    score: EpisodeScore
     em: float
     f1: float
-    success: float
     reward: float
-    turns: int
-    tool_calls: int
     error: str | None
     answered_task: bool = True  # the env has answer strings (EM/F1 mean something)
 
@@ -74,17 +72,18 @@ class EvalReport:
     em: Interval
     f1: Interval
     success: Interval
+    well_formed: Interval
     turns: Interval
     tool_calls: Interval
     reward: Interval
-    scores: tuple[EpisodeScore, ...]
+    scores: tuple[EpisodeResult, ...]
     errors: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
 
     def table(self) -> str:
         """The human-readable table ``treegym eval`` prints."""
-        rows = [("EM", self.em), ("F1", self.f1), ("success", self.success), ("reward", self.reward),
-                ("turns", self.turns), ("tool calls", self.tool_calls)]
+        rows = [("EM", self.em), ("F1", self.f1), ("success", self.success), ("well-formed", self.well_formed),
+                ("reward", self.reward), ("turns", self.turns), ("tool calls", self.tool_calls)]
         if self.scores and not any(sc.answered_task for sc in self.scores):
             rows = rows[2:]  # e.g. household tasks: no answer string, so EM/F1 would read as a misleading 0
         head = f"{self.agent} on {self.env_id}: {self.n} episodes, {len(self.errors)} failed"
@@ -94,52 +93,31 @@ class EvalReport:
         return "\n".join(lines)
 
 
-# ---- statistics (pure) ---------------------------------------------------------------------
+# ---- scores ------------------------------------------------------------------------------
 
 
-def wilson_interval(values: Sequence[float], z: float = Z95) -> Interval:
-    """Wilson score interval of a rate of 0/1 outcomes (fractional values count as they are)."""
-    n = len(values)
-    if n == 0:
-        return Interval(math.nan, math.nan, math.nan)
-    p = float(sum(values)) / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
-
-
-def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int = 0) -> Interval:
-    """Percentile-bootstrap 95% interval of a mean."""
-    x = np.asarray(values, dtype=float)
-    if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
-    return Interval(float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
-
-
-def score_episode(ep: Episode) -> EpisodeScore:
+def score_episode(ep: Episode) -> EpisodeResult:
     """The contract's terminal keys: ``success`` for every env, ``em`` / ``f1`` for QA envs (0
     when the episode ended without them, e.g. cut by the turn cap)."""
     info = ep.info
     em = float(info.get("em", 0.0))
-    f1 = float(info.get("f1", em))
-    return EpisodeScore(ep.episode_id, em, f1, success(info), ep.reward, ep.turns, ep.tool_calls, ep.error,
-                        "answers" in info)
+    return EpisodeResult(ep.episode_id, episode_score(info, ep.invalid, ep.tool_calls), em,
+                         float(info.get("f1", em)), ep.reward, ep.error, "answers" in info)
 
 
 def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[str, str] | None = None) -> EvalReport:
     scores = [score_episode(ep) for ep in episodes]
+    held = HeldOut(tuple(s.score for s in scores)).intervals()
     return EvalReport(
         agent=agent,
         env_id=env_id,
         n=len(scores),
         em=wilson_interval([s.em for s in scores]),
         f1=bootstrap_interval([s.f1 for s in scores]),
-        success=wilson_interval([s.success for s in scores]),
-        turns=bootstrap_interval([s.turns for s in scores]),
-        tool_calls=bootstrap_interval([s.tool_calls for s in scores]),
+        success=held["success"],
+        well_formed=held["well_formed"],
+        turns=held["turns"],
+        tool_calls=held["tool_calls"],
         reward=bootstrap_interval([s.reward for s in scores]),
         scores=tuple(scores),
         errors=tuple(s.error for s in scores if s.error),
@@ -150,15 +128,9 @@ def summarise(agent: str, env_id: str, episodes: Sequence[Episode], files: dict[
 # ---- tasks ---------------------------------------------------------------------------------
 
 
-def task_prompts(env: gym.Env, n: int, seed: int) -> list[Prompt]:
-    """``n`` tasks: distinct task ids drawn (seeded) when the env lists its tasks, else seeds."""
-    ids = [str(t) for t in envs.registry.task_ids(env) or []]
-    if not ids:
-        return [seed + i for i in range(n)]
-    rng = random.Random(seed)
-    order = rng.sample(ids, len(ids))
-    # More episodes than tasks: go round again (the trace shows the repeats by episode id).
-    return [{"task_id": order[i % len(order)], "seed": seed + i} for i in range(n)]
+def chosen_prompts(env: gym.Env, n: int) -> list[Prompt]:
+    """The ``n`` tasks an evaluation on ``env`` plays: the held-out set every command shares."""
+    return heldout_prompts(envs.registry.task_ids(env), n)
 
 
 def _episode_id(i: int, prompt: Prompt) -> str:
@@ -188,6 +160,9 @@ def evaluate(
 ) -> EvalReport:
     """Run ``agent`` on ``n`` tasks of ``env_id`` and summarise.
 
+    The tasks are the held-out set (``chosen_prompts``): the split's first ``n``, the same ones
+    a train run with ``run.eval_n=n`` evaluates on.
+
     Args:
         agent: a spec (``heuristic``, ``oracle``, ``smollm2``, a model folder,
             ``openai:URL[#model]``, ``module:callable``) or an agent / Policy object.
@@ -198,6 +173,7 @@ def evaluate(
             tasks and write their HTML view (policy agents only).
         params: sampling of policy agents (default: greedy, 128 new tokens).
         mode: context format of policy agents, ``chat`` or ``raw``.
+        seed: the tree search's seed (``trees``).
     """
     if n < 1:
         raise ConfigError(f"n must be at least 1, got {n}")
@@ -210,7 +186,7 @@ def evaluate(
     if trees and not resolved.is_policy:
         raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
     env = envs.make(env_id, split, **(env_kwargs or {}))
-    prompts = task_prompts(env, n, seed)
+    prompts = chosen_prompts(env, n)
     params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
     out_dir = Path(out) if out is not None else None
     files: dict[str, str] = {}
@@ -219,14 +195,7 @@ def evaluate(
         if resolved.is_policy:
             episodes = _run_policy(resolved.obj, env, prompts, params, max_turns, mode, batch_size, bar)
         else:
-            episodes = []
-            for i, prompt in enumerate(prompts):
-                seed_i, options = reset_args(prompt)
-                episodes.append(run_episode(env, resolved.obj, seed=seed_i, options=options,
-                                            max_turns=max_turns, episode_id=_episode_id(i, prompt)))
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(failed=sum(e.error is not None for e in episodes))
+            episodes = play_episodes(env, resolved.obj, prompts, max_turns, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -247,6 +216,20 @@ def evaluate(
     if out_dir is not None:
         Path(files["report"]).write_text(json.dumps(report_dict(report), indent=2), encoding="utf-8")
     return report
+
+
+def play_episodes(env: gym.Env, agent: Any, prompts: Sequence[Prompt], max_turns: int | None = None,
+                  bar: Any = None) -> list[Episode]:
+    """A text agent's episodes on ``prompts``, one after the other (``bar`` counts them)."""
+    episodes: list[Episode] = []
+    for i, prompt in enumerate(prompts):
+        seed, options = reset_args(prompt)
+        episodes.append(run_episode(env, agent, seed=seed, options=options, max_turns=max_turns,
+                                    episode_id=_episode_id(i, prompt)))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(failed=sum(e.error is not None for e in episodes))
+    return episodes
 
 
 def replace_temperature(params: SamplingParams) -> SamplingParams:
@@ -276,18 +259,17 @@ def _episode_of_tree(tree: Tree, episode_id: str) -> Episode:
     leaf = tree.leaves()[0]
     path = tree.path(leaf)
     messages: list[Message] = [{"role": "user", "content": tree.prompt_text}]
-    tool_calls = 0
-    for nid in path:
-        turn = tree.nodes[nid].turn
+    turns = [tree.nodes[nid].turn for nid in path]
+    for turn in turns:
         assert turn is not None
         messages.append({"role": "assistant", "content": turn.action_text})
         if turn.obs_text:
             messages.append({"role": "user", "content": turn.obs_text})
-        tool_calls += turn.tool_calls
-    last = tree.nodes[leaf].turn
+    last = turns[-1]
     assert last is not None
-    return Episode(episode_id, messages, float(tree.nodes[leaf].reward or 0.0), len(path), tool_calls,
-                   dict(last.info), None, last.terminated, last.truncated)
+    return Episode(episode_id, messages, float(tree.nodes[leaf].reward or 0.0), len(path),
+                   sum(t.tool_calls for t in turns if t is not None), dict(last.info), None, last.terminated,
+                   last.truncated, invalid=tuple(t.invalid for t in turns if t is not None))
 
 
 def write_traces(path: Path, episodes: Sequence[Episode]) -> Path:
@@ -296,11 +278,57 @@ def write_traces(path: Path, episodes: Sequence[Episode]) -> Path:
     with tmp.open("w", encoding="utf-8") as fh:
         for ep in episodes:
             s = score_episode(ep)
-            record = {**asdict(s), "messages": ep.messages, "terminated": ep.terminated,
+            record = {"episode_id": s.episode_id, "em": s.em, "f1": s.f1, **asdict(s.score), "reward": s.reward,
+                      "error": s.error, "answered_task": s.answered_task, "messages": ep.messages, "terminated": ep.terminated,
                       "truncated": ep.truncated, "info": _jsonable(ep.info)}
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def read_traces(path: str | Path) -> list[Transcript]:
+    """Episodes of a ``traces.jsonl`` written by ``treegym eval --out`` (errored ones skipped)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "traces.jsonl"
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceFormatError(f"trace file {p} does not exist; write one with `treegym eval --out DIR`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"cannot read trace file {p}: {exc}") from None
+    episodes: list[Transcript] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{p}, line {number}: not JSON ({exc.msg})") from None
+        messages = _check_messages(record, f"{p}, line {number}")
+        if record.get("error"):
+            continue
+        # ``success`` is every env's score; traces older than it name only QA's ``em``.
+        won = record["success"] if "success" in record else record.get("em", 0.0)
+        episodes.append(Transcript(str(record.get("episode_id", number)), messages, float(won or 0.0)))
+    if not episodes:
+        raise TraceFormatError(f"trace file {p} holds no usable episode (it is empty, or every episode failed)")
+    return episodes
+
+
+def _check_messages(record: Any, where: str) -> tuple[Message, ...]:
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+        raise TraceFormatError(f"{where}: an episode is a JSON object with a 'messages' list")
+    messages = record["messages"]
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise TraceFormatError(f"{where}: message {i} is not {{'role': 'user'|'assistant', 'content': str}}")
+    if not messages or messages[0]["role"] != "user":
+        raise TraceFormatError(f"{where}: the first message must be the env's prompt (role 'user')")
+    for i in range(1, len(messages)):
+        if messages[i]["role"] == messages[i - 1]["role"]:
+            raise TraceFormatError(f"{where}: messages {i - 1} and {i} are both {messages[i]['role']!r}; turns must alternate")
+    return tuple(dict(m) for m in messages)  # type: ignore[misc]
 
 
 def report_dict(report: EvalReport) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def tree_rollout(policy: Any, w: Workload, vocab: int, seed: int = 0) -> tuple[f
 def rollout_rows(name: str, model: Any, tok: Any, w: Workload, device: torch.device, batch: int,
                  bf16: bool) -> tuple[list[tuple], tuple[list[list[int]], list[list[int]]]]:
     from treegym.agents.hf_policy import HFPolicy
-    from treegym.trainers.runtime import autocast
+    from treegym.trainers.parallel import autocast
 
     speed: dict[bool, float] = {}
     leaves: tuple[list[list[int]], list[list[int]]] = ([], [])
@@ -161,8 +161,7 @@ def train_flops(model: Any, lengths: list[int], actions: int) -> float:
 def train_rows(name: str, model: Any, leaves: tuple[list[list[int]], list[list[int]]], device: torch.device,
                micro: int, peak_tflops: float, bf16: bool) -> list[tuple]:
     """One Tree-GRPO update over the rollout's kept leaves, through ``treegym.trainers.update``."""
-    from treegym.trainers import losses
-    from treegym.trainers import runtime as rt
+    from treegym.trainers import losses, parallel
     from treegym.trainers import update as upd
     from treegym.trainers.config import load_config
     from treegym.trainers.logprobs import PaddedBatch, TokenScorer
@@ -182,7 +181,7 @@ def train_rows(name: str, model: Any, leaves: tuple[list[list[int]], list[list[i
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6)
     u = upd.Update(TokenScorer(model), optimizer, params, losses.ppo_clip_loss,
-                   {"agg": "token-mean", "constant": 1024.0, "clip": 0.2, "dual_clip": 3.0}, cfg, rt.Dist(), device)
+                   {"agg": "token-mean", "constant": 1024.0, "clip": 0.2, "dual_clip": 3.0}, cfg, parallel.Dist(), device)
     n_micro = math.ceil(n / micro)
 
     def one_update() -> float:
@@ -259,7 +258,7 @@ def bf16_rows(name: str, model: Any, device: torch.device, rows: int, length: in
     """The trainer's loss and gradient on a fixed batch, fp32 weights with and without bf16 autocast.
 
     ``torch.autocast(device.type, bfloat16)`` is what the trainer runs under on CUDA
-    (``runtime.autocast``); on the CPU (``--cpu-smoke``) the same call runs the CPU's bf16 kernels.
+    (``parallel.autocast``); on the CPU (``--cpu-smoke``) the same call runs the CPU's bf16 kernels.
     The old log-probs of the ratio are the fp32 ones in both passes, as in a run whose old
     log-probs came from an fp32 scorer.
     """
@@ -322,8 +321,7 @@ def step_rows(name: str, device: torch.device, smoke: bool, size: StepSize) -> l
     ProbeKeys-v0, HF sampling, bf16 autocast on CUDA) with a random-weight model of ``name``'s shape,
     saved as a local model folder so that the loop loads it the way it loads any model."""
     from treegym.envs.probes import VOCAB
-    from treegym.trainers import loop
-    from treegym.trainers import runtime as rt
+    from treegym.trainers import loop, parallel
     from treegym.trainers.config import load_config
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-step-") as tmp:
@@ -340,7 +338,7 @@ def step_rows(name: str, device: torch.device, smoke: bool, size: StepSize) -> l
             ("optim.lr", 1e-5), ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.01),
             ("model_opts.device", device.type), ("run.eval_n", 0), ("run.tensorboard", False), ("run.save_every", 0),
             ("run.out_dir", tmp)])  # fmt: skip
-        dist, dev = rt.setup_distributed(cfg.model_opts.device)
+        dist, dev = parallel.setup_distributed(cfg.model_opts.device)
         try:
             t0 = time.perf_counter()
             (Path(tmp) / "run").mkdir()
@@ -348,13 +346,13 @@ def step_rows(name: str, device: torch.device, smoke: bool, size: StepSize) -> l
             setup_s = time.perf_counter() - t0
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-            before = rt.weights_digest(run.model)
+            before = parallel.weights_digest(run.model)
             metrics = loop.train_step(run, loop.sample(run))
             _sync(dev)
-            moved = rt.weights_digest(run.model) != before
+            moved = parallel.weights_digest(run.model) != before
             peak = f"{torch.cuda.max_memory_allocated(dev) / 2**30:.1f}" if dev.type == "cuda" else "n/a"
         finally:
-            rt.teardown_distributed()
+            parallel.teardown_distributed()
     m = metrics.values
     finite = m["skipped"] == 0 and math.isfinite(m["pg_loss"]) and math.isfinite(m["grad_norm"])
     return [("step", name, "load (setup) s; sample s; whole step s", f"{setup_s:.1f}; {m['time_sample']:.1f}; {m['time_step']:.1f}", "", ""),

@@ -59,12 +59,12 @@ def run_one(algo: str, seed: int, args: argparse.Namespace, base: dict[str, Any]
     cfg = load_config(overrides=list(overrides.items()))
     t0 = time.time()
     result = train(cfg, progress=not args.quiet)
-    evals = [(h["tokens_total"], h["eval_em"]) for h in result.history if "eval_em" in h]
+    evals = [(h["tokens_total"], h["eval_success"]) for h in result.history if "eval_success" in h]
     steps = [h for h in result.history if "reward" in h]
     return {
         "algo": algo, "seed": seed, "steps": result.steps, "tokens": result.tokens_total,
-        "trajectories": sum(h["trajectories"] for h in steps), "em_before": result.em_before,
-        "em_after": result.em_after, "evals": evals, "seconds": time.time() - t0,
+        "trajectories": sum(h["trajectories"] for h in steps), "em_before": result.success_before,
+        "em_after": result.success_after, "evals": evals, "seconds": time.time() - t0,
         "reward_last": statistics.mean(h["reward"] for h in steps[-3:]) if steps else float("nan"),
         "reward_first": statistics.mean(h["reward"] for h in steps[:3]) if steps else float("nan"),
     }  # fmt: skip

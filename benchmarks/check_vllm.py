@@ -142,8 +142,7 @@ def training_step_check(model: str, failures: list[str]) -> None:
 
     import torch
 
-    from treegym.trainers import loop
-    from treegym.trainers import runtime as rt
+    from treegym.trainers import loop, parallel
     from treegym.trainers.config import load_config
 
     out = tempfile.mkdtemp(prefix="check-vllm-")
@@ -153,7 +152,7 @@ def training_step_check(model: str, failures: list[str]) -> None:
         ("prompts_per_step", 4), ("optim.lr", 1e-4), ("optim.mini_batch_size", 24), ("optim.micro_batch_size", 8),
         ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.05), ("run.eval_n", 0), ("run.out_dir", out), ("run.tensorboard", False),
         ("sampler.vllm_gpu_memory", 0.25)])  # fmt: skip
-    dist, device = rt.setup_distributed(cfg.model_opts.device)
+    dist, device = parallel.setup_distributed(cfg.model_opts.device)
     run = loop.setup(cfg, loop._open_folder(cfg, dist), dist, device)
     old = copy.deepcopy(run.model).eval()
     t0 = time.perf_counter()
@@ -179,7 +178,7 @@ def training_step_check(model: str, failures: list[str]) -> None:
     print(f"after the push, |vLLM - updated HF| = {new:.4f}, |vLLM - pre-update HF| = {stale:.4f}")
     if not (new <= 0.05 and new <= stale / 2):
         failures.append(f"samples after the push do not follow the new weights (new {new:.3f}, old {stale:.3f})")
-    rt.teardown_distributed()
+    parallel.teardown_distributed()
 
 
 if __name__ == "__main__":

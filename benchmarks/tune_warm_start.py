@@ -22,15 +22,17 @@ from pathlib import Path
 import torch
 
 import treegym  # noqa: F401  (registers the envs)
-from treegym.agents.eval import wilson_interval
+from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.models import load_model
+from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.samplers import sample_chains
+from treegym.agents.rollout.scoring import heldout_from_batch
 from treegym.envs import registry as env_registry
-from treegym.envs.core import success
-from treegym.trainers import runtime as rt
 from treegym.trainers.config import load_config
+from treegym.trainers.prompts import make_env
 from treegym.trainers.recipe import expert_for
-from treegym.trainers.sft import SFTConfig, format_score, greedy_chains, run_sft
+from treegym.trainers.sft import SFTConfig, run_sft
 
 
 def _write_traces(tok, batch, path: Path, limit: int = 8) -> None:
@@ -58,7 +60,7 @@ def main() -> None:
 
     cfg = load_config(None, [("env", args.env)])
     s = cfg.sampler
-    eval_env = rt.make_env(cfg, cfg.run.eval_split)
+    eval_env = make_env(cfg, cfg.run.eval_split)
     ids = env_registry.task_ids(eval_env)
     prompts = [{"task_id": t} for t in ids[args.offset : args.offset + args.n]]
     rows = []
@@ -74,18 +76,20 @@ def main() -> None:
             result = run_sft(sft, progress=False, log=lambda *_: None)
             seconds = time.perf_counter() - t0
             model, tok = load_model(str(result.folder), device="cpu", dtype=torch.float32)
-            batch = greedy_chains(model, tok, eval_env, prompts, resolve_mode(s.context_mode, tok), s.max_turns,
-                                  s.max_new_tokens, args.seed)
-            score = format_score(batch)
+            greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
+            with torch.no_grad():
+                batch = sample_chains(HFPolicy(model, tok, seed=args.seed), eval_env, prompts, 1, greedy,
+                                      max_turns=s.max_turns, mode=resolve_mode(s.context_mode, tok))
+            score = heldout_from_batch(batch)
             if args.keep:
                 _write_traces(tok, batch, out / "tuning_traces.txt")
-        iv = wilson_interval([success(r.info) for r in batch.rollouts])
-        lo, hi = iv.low, iv.high
-        row = {"setting": spec, "success": score.em, "ci": [lo, hi], "well_formed": score.well_formed,
+        iv = score.intervals()["success"]
+        lo, hi, well_formed = iv.low, iv.high, score.mean("well_formed")
+        row = {"setting": spec, "success": iv.mean, "ci": [lo, hi], "well_formed": well_formed,
                "examples": result.examples, "label_tokens": result.label_tokens, "sft_s": seconds,
                "loss_last": result.loss_last}
         rows.append(row)
-        print(f"{spec:>16}  success {score.em:6.1%} [{lo:.1%}, {hi:.1%}]  well-formed {score.well_formed:5.1%}  "
+        print(f"{spec:>16}  success {iv.mean:6.1%} [{lo:.1%}, {hi:.1%}]  well-formed {well_formed:5.1%}  "
               f"kept {result.examples:3d}  sft {seconds:4.0f} s  loss {result.loss_first:.3f} -> {result.loss_last:.3f}",
               flush=True)
     if args.out:

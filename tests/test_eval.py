@@ -9,11 +9,12 @@ import pytest
 from toy_env import ToyEnv
 
 import treegym  # noqa: F401
-from treegym.agents.eval import bootstrap_interval, evaluate, wilson_interval
+from treegym.agents.eval import evaluate
 from treegym.agents.resolve import resolve_agent
 from treegym.agents.rollout.episode import run_episode
 from treegym.cli import main
 from treegym.errors import ConfigError
+from treegym.stats import bootstrap_interval, wilson_interval
 
 QA_KWARGS = {"corpus_limit": 300}
 

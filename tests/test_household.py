@@ -307,7 +307,7 @@ def test_heuristic_is_the_household_warm_start_expert_and_solves_most_tasks_in_i
     episodes = collect_episodes(env, scripted_agent("heuristic", "TextHousehold-v0"), prompts, max_turns=turns)
     assert len(episodes) == len(prompts)
     assert all(sum(m["role"] == "assistant" for m in ep.messages) <= turns for ep in episodes)
-    solved = sum(ep.em for ep in episodes)
+    solved = sum(ep.success for ep in episodes)
     assert 0.45 * len(episodes) <= solved < len(episodes)  # the budget cuts some searches short
 
 

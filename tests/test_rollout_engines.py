@@ -24,7 +24,7 @@ from test_trainer_loop import tiny_config, tiny_model  # noqa: F401  (the fixtur
 from treegym.errors import ConfigError, MissingPackageError
 from treegym.trainers import engines
 from treegym.trainers.loop import train
-from treegym.trainers.runtime import weights_digest
+from treegym.trainers.parallel import weights_digest
 
 NO_VLLM = importlib.util.find_spec("vllm") is None
 

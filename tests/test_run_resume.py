@@ -21,7 +21,7 @@ from treegym.paths import cache_dir
 from treegym.trainers.checkpoint import list_checkpoints
 from treegym.trainers.config import TrainConfig, load_config
 from treegym.trainers.loop import train
-from treegym.trainers.runlog import read_metrics
+from treegym.trainers.metrics import read_metrics
 
 TESTS = Path(__file__).resolve().parent
 
@@ -197,7 +197,7 @@ def test_a_run_killed_mid_step_and_resumed_in_a_new_process_equals_an_uninterrup
     a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("killed", "straight"))
     assert a["steps"] == b["steps"] == 5
     assert a["replica_digests"] == b["replica_digests"]
-    assert a["tokens_total"] == b["tokens_total"] and a["em_before"] == b["em_before"] and a["em_after"] == b["em_after"]
+    assert a["tokens_total"] == b["tokens_total"] and a["success_before"] == b["success_before"] and a["success_after"] == b["success_after"]
     rows = [[(r["step"], r["reward"]) for r in read_metrics(tmp_path / n / "metrics.jsonl") if "reward" in r]
             for n in ("killed", "straight")]  # fmt: skip
     assert rows[0] == rows[1] and [s for s, _ in rows[0]] == [1, 2, 3, 4, 5]
@@ -248,7 +248,7 @@ def test_a_two_process_ddp_run_killed_mid_step_and_resumed_equals_an_uninterrupt
     a, b = (json.loads((tmp_path / n / "summary.json").read_text()) for n in ("killed", "straight"))
     assert a["world"] == b["world"] == 2 and a["steps"] == b["steps"] == 4
     assert a["replica_digests"] == b["replica_digests"] and len(set(a["replica_digests"])) == 1
-    assert a["tokens_total"] == b["tokens_total"] and a["em_before"] == b["em_before"] and a["em_after"] == b["em_after"]
+    assert a["tokens_total"] == b["tokens_total"] and a["success_before"] == b["success_before"] and a["success_after"] == b["success_after"]
     rows = [[(r["step"], r["reward"], r["generated_tokens"]) for r in read_metrics(tmp_path / n / "metrics.jsonl")
              if "reward" in r] for n in ("killed", "straight")]  # fmt: skip
     assert rows[0] == rows[1] and [s for s, _, _ in rows[0]] == [1, 2, 3, 4]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import treegym  # noqa: F401  (registers the env ids)
+from treegym.agents.eval import TraceFormatError, Transcript, read_traces
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.samplers import sample_chains
@@ -18,13 +19,10 @@ from treegym.cli import main
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.sft import SFTConfig, check_writable, example_loss, run_sft, train_examples
 from treegym.trainers.sft_data import (
-    ExpertEpisode,
     ExpertError,
-    TraceFormatError,
     collect_episodes,
     episode_example,
     make_expert,
-    read_traces,
     select_examples,
 )
 
@@ -39,7 +37,7 @@ def qa_env() -> gym.Env:
 
 
 @pytest.fixture(scope="module")
-def expert_episodes(qa_env: gym.Env) -> list[ExpertEpisode]:
+def expert_episodes(qa_env: gym.Env) -> list[Transcript]:
     ids = [it.id for it in qa_env.unwrapped.items[:3]]
     return collect_episodes(qa_env, make_expert("heuristic", "TreeSearchQA-v0", 2), [{"task_id": t} for t in ids])
 
@@ -58,7 +56,7 @@ class ReplayPolicy:
         return [Generation(ids, (0.0,) * len(ids), text, "stop") for _ in contexts]
 
 
-def _actions(ep: ExpertEpisode) -> list[str]:
+def _actions(ep: Transcript) -> list[str]:
     return [m["content"] for m in ep.messages if m["role"] == "assistant"]
 
 
@@ -93,22 +91,22 @@ def test_loss_mask_covers_exactly_the_expert_actions(mode: str, smollm2, expert_
 def test_wrong_and_overlong_episodes_are_not_imitated(smollm2, expert_episodes) -> None:
     _, tokenizer = smollm2
     ctx = TokenContext(tokenizer, "chat")
-    right, wrong = expert_episodes[0], ExpertEpisode("w", expert_episodes[0].messages, em=0.0)
+    right, wrong = expert_episodes[0], Transcript("w", expert_episodes[0].messages, success=0.0)
     kept, dropped = select_examples(ctx, [right, wrong], only_correct=True, max_action_tokens=1000)
     assert [e.episode_id for e in kept] == [right.episode_id] and dropped["wrong"] == 1
     kept, dropped = select_examples(ctx, [right], only_correct=True, max_action_tokens=3)
     assert kept == [] and dropped["too_long"] == 1
 
 
-def _short_episodes() -> list[ExpertEpisode]:
+def _short_episodes() -> list[Transcript]:
     out = []
     for name, year in (("Ada Lovelace", 1815), ("Alan Turing", 1912), ("Grace Hopper", 1906)):
-        out.append(ExpertEpisode(name, (
+        out.append(Transcript(name, (
             {"role": "user", "content": f"Question: In what year was {name} born?"},
             {"role": "assistant", "content": f"<think>I need the passage about {name}.</think><search>{name}</search>"},
             {"role": "user", "content": f"<information>Doc 1(Title: {name}) born {year}.</information>"},
             {"role": "assistant", "content": f"<think>The passage gives the year.</think><answer>{year}</answer>"},
-        ), em=1.0))
+        ), success=1.0))
     return out
 
 
@@ -129,7 +127,7 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
 def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:
     from treegym.agents.resolve import resolve_agent
     from treegym.trainers.config import load_config
-    from treegym.trainers.runtime import load_trainable_model
+    from treegym.trainers.model import load_trainable_model
 
     out = tmp_path / "sft"
     cfg = SFTConfig(out=str(out), env_kwargs={"corpus_limit": 300}, episodes=2, epochs=1, batch_size=2,

@@ -138,3 +138,33 @@ def test_train_help_lists_each_env_familys_defaults_and_training_variant(capsys)
         assert all(f"{k}={v}" in line for k, v in values.items())
     for variant, (base, _) in VARIANTS.items():
         assert f"{base} -> {variant}:" in out
+
+
+def test_the_configs_choices_are_the_ones_the_implementations_take() -> None:
+    import torch
+
+    from treegym.agents.rollout.types import Rollout
+    from treegym.errors import ConfigError
+    from treegym.trainers import advantages, algorithms, losses
+    from treegym.trainers.config import AdvantageConfig, LossConfig, TrainConfig, choices
+
+    assert set(choices(TrainConfig, "algo")) == set(algorithms.ALGORITHMS)
+    values, mask = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    for mode in choices(LossConfig, "agg"):
+        assert torch.isfinite(losses.aggregate(values, mask, mode, constant=4.0))
+
+    def rollout(tree: int, path: list[int], reward: float) -> Rollout:
+        n = len(path)
+        return Rollout(0, tree, path[-1], path, [7] + [1] * n, [0] + [1] * n, [0.0] * (n + 1), [-1, *range(n)], reward)
+
+    batch = [rollout(0, [1, 2], 1.0), rollout(0, [1, 3], 0.0), rollout(1, [1], 1.0)]
+    for credit in choices(AdvantageConfig, "prefix_credit"):
+        advantages.tree_grpo(batch, prefix_credit=credit)
+    for root in choices(AdvantageConfig, "opsd_root"):
+        advantages.treeopsd(batch, root=root)
+    with pytest.raises(ConfigError):
+        losses.aggregate(values, mask, "per-token-sum")
+    with pytest.raises(ConfigError):
+        advantages.tree_grpo(batch, prefix_credit="per_node")
+    with pytest.raises(ConfigError):
+        advantages.treeopsd(batch, root="forest")

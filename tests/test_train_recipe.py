@@ -11,7 +11,7 @@ import pytest
 
 from treegym.cli import main
 from treegym.trainers.config import TrainConfig, load_config
-from treegym.trainers.runtime import make_env
+from treegym.trainers.prompts import make_env
 
 
 @pytest.fixture(scope="module")
@@ -130,20 +130,21 @@ def test_household_defaults_fit_the_env() -> None:
 def test_summary_gives_each_phase_gain_of_the_score_and_of_the_well_formed_rate() -> None:
     from types import SimpleNamespace
 
-    from treegym.trainers.cli_train import phase_summary, summary_table
-    from treegym.trainers.heldout import HeldOut
+    from treegym.agents.rollout.scoring import EpisodeScore, HeldOut
+    from treegym.trainers.heldout import phase_summary
+    from treegym.trainers.recipe import summary_table
 
-    n = 32
-    untrained = HeldOut((0.0,) * n, (0.0,) * n, (0.0,) * n)
-    warm = HeldOut((1.0,) * 4 + (0.0,) * (n - 4), (0.5,) * n, (0.0,) * n)
-    after = HeldOut((1.0,) * 4 + (0.0,) * (n - 4), (0.75,) * n, (0.0,) * n)
+    def held(wins: int, well_formed: float, n: int = 32) -> HeldOut:
+        return HeldOut(tuple(EpisodeScore(float(i < wins), well_formed, 0, 2) for i in range(n)))
+
+    untrained, warm, after = held(0, 0.0), held(4, 0.5), held(4, 0.75)
     result = SimpleNamespace(eval_before=warm, eval_after=after, steps=3, tokens_total=100, seconds=1.0, folder="/nowhere")
-    phases = phase_summary(result, SimpleNamespace(untrained=untrained, examples=8, cached=True, seconds=0.0))
+    phases = phase_summary([("untrained", untrained), ("after warm start", warm), ("after RL", after)])
     names = ["untrained -> after warm start", "after warm start -> after RL", "untrained -> after RL"]
     assert list(phases["gains"]) == names and list(phases["well_formed_gains"]) == names
     assert phases["well_formed_gains"]["untrained -> after RL"] == pytest.approx([0.75, 0.75, 0.75])
     assert phases["well_formed_gains"]["after warm start -> after RL"] == pytest.approx([0.25, 0.25, 0.25])
     assert phases["gains"]["after warm start -> after RL"] == pytest.approx([0.0, 0.0, 0.0])
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
-    table = summary_table(cfg, "smollm2", result, SimpleNamespace(examples=8, cached=True, seconds=0.0), phases)
+    table = summary_table(cfg, "smollm2", result, SimpleNamespace(examples=8, cached=True, seconds=0.0), phases)  # type: ignore[arg-type]
     assert re.search(r"gain untrained -> after RL\s+\+12\.5 pts \[.*\]  well-formed \+75\.0 pts \[\+75\.0, \+75\.0\]", table)

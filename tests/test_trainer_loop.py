@@ -27,7 +27,7 @@ from treegym.trainers.advantages import TokenAdvantages
 from treegym.trainers.checkpoint import list_checkpoints
 from treegym.trainers.config import TrainConfig, load_config
 from treegym.trainers.loop import TrainingError, train
-from treegym.trainers.runtime import weights_digest
+from treegym.trainers.parallel import weights_digest
 
 TESTS = Path(__file__).resolve().parent
 
@@ -60,14 +60,14 @@ def test_reward_rises_on_a_task_a_random_policy_fails(algo: str, tiny_model: Pat
     first, last = sum(r[:3]) / 3, sum(r[-3:]) / 3
     assert first < 0.25, r  # a random policy fails the task ...
     assert last > 0.5 and last > first + 0.3, r  # ... and training fixes it
-    assert result.em_after is not None and result.em_before is not None and result.em_after > result.em_before
+    assert result.success_after is not None and result.success_before is not None and result.success_after > result.success_before
     folder = result.folder
     assert (folder / "config.yaml").exists() and (folder / "summary.json").exists() and (folder / "trees.html").exists()
     assert list_checkpoints(folder / "checkpoints")[-1].name == "step_20.pt"
-    assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_em_vs_step.png", "reward_em_vs_tokens_total.png"]
+    assert sorted(p.name for p in (folder / "plots").iterdir()) == ["reward_success_vs_step.png", "reward_success_vs_tokens_total.png"]
     line = json.loads((folder / "metrics.jsonl").read_text().splitlines()[1])
     own = ("opsd_loss", "opsd_past_target") if algo == "treeopsd" else ("pg_loss", "clipfrac")
-    for key in ("reward", "em", "approx_kl", "entropy", "generated_tokens", "tool_calls", "tokens_total", *own):
+    for key in ("reward", "success", "approx_kl", "entropy", "generated_tokens", "tool_calls", "tokens_total", *own):
         assert key in line, key
     if algo == "treeopsd":  # TreeOPSD logs its own quantities, not PPO's
         assert "clipfrac" not in line and "pg_loss" not in line

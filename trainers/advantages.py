@@ -22,6 +22,7 @@ from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
 from treegym.errors import ConfigError
+from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS
 
 EPS = 1e-6
 
@@ -152,9 +153,6 @@ def dr_grpo(rollouts: Sequence[Rollout]) -> TokenAdvantages:
     return grpo(rollouts, use_std=False)
 
 
-PREFIX_CREDITS = ("per_leaf", "per_turn")
-
-
 def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", prefix_credit: str = "per_leaf") -> TokenAdvantages:
     """Tree-GRPO: the leaf's advantage applies to every action token on its root-to-leaf path.
 
@@ -236,9 +234,6 @@ def tree_structure(
         torch.tensor(prompt_of, dtype=torch.int64),
         index,
     )
-
-
-OPSD_ROOTS = ("tree", "prompt")
 
 
 def treeopsd(

@@ -20,6 +20,7 @@ import torch
 
 from treegym.errors import TreegymError
 from treegym.trainers import parallel
+from treegym.trainers.model import trainable_names
 
 
 class CheckpointError(TreegymError):
@@ -55,11 +56,6 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] 
     for k, g in (generators or {}).items():
         if k in state.get("generators", {}):
             g.set_state(state["generators"][k])
-
-
-def trainable_names(model: torch.nn.Module) -> set[str]:
-    """Names of the parameters that training changes (all of them, or the LoRA adapters only)."""
-    return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -88,15 +88,15 @@ def run_sft_command(args: argparse.Namespace) -> int:
 
 def summary_table(result: Any) -> str:
     def fig(score: Any, name: str) -> str:
-        return "n/a" if score is None else f"{100 * getattr(score, name):.1f}%"
+        return "n/a" if score is None else f"{100 * score.mean(name):.1f}%"
 
     rows = [
         ("episodes", f"{result.examples} (dropped {sum(result.dropped.values())}: {result.dropped})"),
         ("action tokens", f"{result.label_tokens:,}"),
         ("steps", str(result.steps)),
         ("loss first -> last", f"{result.loss_first:.3f} -> {result.loss_last:.3f}"),
-        ("EM before", fig(result.before, "em")),
-        ("EM after", fig(result.after, "em")),
+        ("success before", fig(result.before, "success")),
+        ("success after", fig(result.after, "success")),
         ("well-formed before", fig(result.before, "well_formed")),
         ("well-formed after", fig(result.after, "well_formed")),
         ("time", f"{result.seconds:.0f} s"),

@@ -21,6 +21,14 @@ import yaml
 
 from treegym.errors import ConfigError
 
+# Each choice's names, written once: the config offers them and the implementations check
+# against them (``trainers/algorithms.ALGORITHMS``, ``losses.aggregate``, ``advantages``);
+# tests/test_train_config.py runs every one through its implementation.
+ALGORITHMS = ("grpo", "tree-grpo", "treeopsd")
+AGGREGATIONS = ("token-mean", "seq-mean", "constant")
+PREFIX_CREDITS = ("per_leaf", "per_turn")
+OPSD_ROOTS = ("tree", "prompt")
+
 
 def opt(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
     """A config field: its default, its help string, and (optionally) its valid values."""
@@ -60,8 +68,8 @@ class AdvantageConfig:
     tree_mode: str = opt("inter+intra", "Tree-GRPO normalisation", ["inter+intra", "intra", "prompt-then-tree"])
     use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
     normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
-    prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", ["per_leaf", "per_turn"])
-    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", ["tree", "prompt"])
+    prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", PREFIX_CREDITS)
+    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", OPSD_ROOTS)
     opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
     opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (AgentOPSD: 0.5)")
 
@@ -73,7 +81,7 @@ class LossConfig:
     use_kl: bool = opt(False, "add a k3 KL penalty to a frozen copy of the initial model")
     kl_coef: float = opt(0.001, "coefficient of the KL penalty (with use_kl)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
-    agg: str = opt("token-mean", "how per-token losses are reduced", ["token-mean", "seq-mean", "constant"])
+    agg: str = opt("token-mean", "how per-token losses are reduced", AGGREGATIONS)
     constant_normalizer: float = opt(1024.0, "divisor for agg=constant")
     beta: float = opt(1.0, "TreeOPSD temperature β of the teacher map exp(A/β)")
     eps: float = opt(1.0, "TreeOPSD bound ε on the target ratio (1: a step weight |r*-1| of about |A|, as PPO's)")
@@ -112,12 +120,13 @@ class RunConfig:
     save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
     keep_checkpoints: bool = opt(False, "treegym train: keep the resumable checkpoints (with optimiser state) of a "
                                  "finished run; by default only final/ (the weights) stays")
-    eval_n: int = opt(32, "held-out prompts for EM before/after (0 = skip); 32 gives a Wilson interval of about ±17 points")
+    eval_n: int = opt(32, "held-out prompts for success (EM on QA) before/after, the first N of the eval split as "
+                      "`treegym eval --n N` plays them (0 = skip); 32 gives a Wilson interval of about ±17 points")
     eval_split: str = opt("auto", "split used for evaluation (auto: the env's held-out split, dev for QA, seen for household)")
-    eval_temperature: float = opt(0.0, "sampling temperature for EM before/after (0 = greedy)")
-    eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_em_t1)")
+    eval_temperature: float = opt(0.0, "sampling temperature for success before/after (0 = greedy)")
+    eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_success_t1)")
     plots: bool = opt(True, "write plots of the metrics at the end of the run")
-    eval_every: int = opt(0, "steps between held-out EM evaluations during training (0 = before/after only)")
+    eval_every: int = opt(0, "steps between held-out evaluations during training (0 = before/after only)")
     train_split: str = opt("train", "split used for training prompts")
     tensorboard: bool = opt(True, "write TensorBoard events")
     wandb: bool = opt(False, "log to Weights & Biases (needs `pip install wandb`)")
@@ -126,7 +135,7 @@ class RunConfig:
 
 @dataclass
 class TrainConfig:
-    algo: str = opt("tree-grpo", "algorithm", ["grpo", "tree-grpo", "treeopsd"])
+    algo: str = opt("tree-grpo", "algorithm", ALGORITHMS)
     env: str = opt("TreeSearchQA-v0", "environment id")
     env_kwargs: dict = opt({}, "keyword arguments for the env, over its training variant's (TreeSearchQA-Train-v0: {index: bm25, format_score: true})")
     model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
@@ -154,6 +163,11 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+def choices(cls: type, name: str) -> tuple[Any, ...]:
+    """The valid values of field ``name`` of config section ``cls``."""
+    return _fields(cls)[name].metadata["choices"]
+
+
 def _field_type(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
@@ -168,6 +182,13 @@ def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> dict[str, dataclass
         else:
             out[f"{prefix}{name}"] = f
     return out
+
+
+def get_path(cfg: Any, path: str) -> Any:
+    """The value at dotted ``path`` (``optim.lr``) of a config; ``""`` is the config itself."""
+    for part in filter(None, path.split(".")):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def _coerce(path: str, value: Any, t: Any) -> Any:
@@ -213,10 +234,8 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
             hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
             raise ConfigError(f"unknown config field {path!r}{hint}; valid fields: {', '.join(sorted(paths))}")
         path = matches[0]
-    *parents, leaf = path.split(".")
-    obj: Any = cfg
-    for p in parents:
-        obj = getattr(obj, p)
+    parent, _, leaf = path.rpartition(".")
+    obj = get_path(cfg, parent)
     setattr(obj, leaf, _coerce(path, value, _field_type(type(obj), leaf)))
 
 
@@ -255,9 +274,7 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check choices and ranges; raise ConfigError naming the field and its valid values."""
     for path, f in leaf_paths().items():
-        obj: Any = cfg
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(cfg, path)
         choices = f.metadata.get("choices")
         if choices and obj not in choices:
             raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, choices))}")
@@ -269,9 +286,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "sampler.max_new_tokens", "sampler.max_turns", "optim.ppo_epochs", "optim.mini_batch_size",
                 "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer"]  # fmt: skip
     for path in positive:
-        obj = cfg
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(cfg, path)
         if obj <= 0:
             raise ConfigError(f"config field {path}: must be > 0, got {obj}")
     if cfg.sampler.temperature <= 0:
@@ -364,9 +379,7 @@ def help_text() -> str:
     lines = []
     defaults = TrainConfig()
     for path, f in leaf_paths().items():
-        obj: Any = defaults
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(defaults, path)
         choices = f.metadata.get("choices")
         extra = f" {{{','.join(map(str, choices))}}}" if choices else ""
         lines.append(f"  --{path}={obj!r}{extra}\n        {f.metadata.get('help', '')}")

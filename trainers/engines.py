@@ -26,8 +26,8 @@ from torch import nn
 
 from treegym.errors import ConfigError
 from treegym.trainers import parallel
-from treegym.trainers import runtime as rt
 from treegym.trainers.config import TrainConfig
+from treegym.trainers.model import base_model, make_policy
 
 
 def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
@@ -58,9 +58,7 @@ def preflight(cfg: TrainConfig) -> None:
     """``resolve_backend`` before anything loads (the device as ``model_opts.device`` would pick it)."""
     import os
 
-    pref = cfg.model_opts.device
-    cuda = torch.cuda.is_available() if pref == "auto" else pref.startswith("cuda")
-    resolve_backend(cfg, torch.device("cuda" if cuda else "cpu"), int(os.environ.get("WORLD_SIZE", "1")))
+    resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
 
 
 @dataclass
@@ -84,7 +82,7 @@ class Engine:
     def after_update(self, model: nn.Module) -> None:
         """Make the policy sample ``model``'s current weights (a collective under FSDP)."""
         if self.backend == "vllm":
-            self.policy.load_weights(parallel.full_weights(rt.base_model(model)))
+            self.policy.load_weights(parallel.full_weights(base_model(model)))
         elif self.replica is not None:
             with torch.no_grad():
                 self.replica.load_state_dict(dict(parallel.full_weights(model)))
@@ -108,5 +106,5 @@ def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed
         return Engine(policy, "vllm")
     if sharded_later:
         replica = copy.deepcopy(model).eval()  # only ever run without grad; trainable flags kept for the digest
-        return Engine(rt.make_policy(replica, tokenizer, seed=seed), "hf", replica)
-    return Engine(rt.make_policy(model, tokenizer, seed=seed), "hf")
+        return Engine(make_policy(replica, tokenizer, seed=seed), "hf", replica)
+    return Engine(make_policy(model, tokenizer, seed=seed), "hf")

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from treegym.agents.rollout.types import Rollout
+from treegym.trainers.model import base_model
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,19 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_id: int, extras: dict[str, Seq
     return PaddedBatch(ids, attn, ids[:, 1:], mask[:, 1:], blp[:, 1:], {k: v[:, 1:] for k, v in ext.items()})
 
 
+def plain_head(model: nn.Module) -> bool:
+    """Whether ``model``'s logits are its output embedding applied to its decoder's last hidden
+    state, and nothing after (so the head can run on the scored positions alone)."""
+    cfg = model.config
+    return (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+            and getattr(cfg, "final_logit_softcapping", None) is None and not getattr(cfg, "logit_scale", None))
+
+
 class TokenScorer(nn.Module):
     """log π(target) and the policy's entropy at every position of a padded batch.
 
     Positions outside ``mask`` get log-prob 0 and entropy 0; the LM head runs only where
-    ``mask`` is set.
+    ``mask`` is set. The RL loss and SFT's loss both score with it.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -67,14 +76,16 @@ class TokenScorer(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, targets: Tensor, mask: Tensor,
                 with_entropy: bool = True) -> tuple[Tensor, Tensor]:
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        hidden = hidden[:, :-1]
+        base = base_model(self.model)
         where = mask > 0
-        logits = base.get_output_embeddings()(hidden[where]).float()
+        if plain_head(base):
+            hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            logits = base.get_output_embeddings()(hidden[:, :-1][where]).float()
+        else:  # a transform after the head (logit softcapping or scaling): the model's own logits
+            logits = base(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][where].float()
         logp_all = torch.log_softmax(logits, dim=-1)
         picked = logp_all.gather(-1, targets[where][:, None]).squeeze(-1)
-        logp = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+        logp = torch.zeros(targets.shape, dtype=torch.float32, device=logits.device)
         logp = logp.masked_scatter(where, picked)
         entropy = torch.zeros_like(logp)
         if with_entropy:

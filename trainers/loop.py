@@ -4,7 +4,7 @@
 - ``sample(run) -> RolloutBatch``: this process's prompts, rolled out by the algorithm's sampler;
 - ``train_step(run, batch) -> StepMetrics``: advantages -> old (and reference) log-probs with the
   pre-update model -> the update (``treegym.trainers.update``) -> metrics, reduced by name;
-- ``finish(run) -> RunResult``: final weights, held-out eval, plots, trees, summary.
+- ``finish(run) -> TrainResult``: final weights, held-out eval, plots, trees, summary.
 
 ``train(cfg)`` runs them, with held-out evals and checkpoints between steps. Runs under
 ``torchrun`` as data-parallel replicas (DDP) or shards (FSDP2, ``treegym.trainers.parallel``);
@@ -29,12 +29,12 @@ from tqdm import tqdm
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
+from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.envs import registry as env_registry
 from treegym.envs.core import success
 from treegym.errors import TreegymError
 from treegym.trainers import engines, parallel
-from treegym.trainers import runtime as rt
 from treegym.trainers import update as upd
 from treegym.trainers.algorithms import Algorithm, get_algorithm
 from treegym.trainers.checkpoint import (
@@ -45,10 +45,18 @@ from treegym.trainers.checkpoint import (
     save_policy,
 )
 from treegym.trainers.config import TrainConfig, to_dict
-from treegym.trainers.heldout import HeldOut, evaluate_policy
+from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
+from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
+from treegym.trainers.model import (
+    checkpointing_on,
+    frozen_copy,
+    load_trainable_model,
+    policy_generators,
+    reference_scope,
+)
+from treegym.trainers.prompts import eval_prompts, make_env, preflight, sampling_params, train_prompts
 from treegym.trainers.run_folder import RunLock, open_run_folder, remove_if_unused
-from treegym.trainers.runlog import RunLog, plot_metrics
 
 MAX_NONFINITE_STREAK = 3
 
@@ -58,11 +66,14 @@ class TrainingError(TreegymError):
 
 
 @dataclass
-class RunResult:
+class TrainResult:
+    """What ``train`` returns (and writes to ``summary.json``): held-out success before the
+    first step and after the last, per prompt too, and what the run cost."""
+
     folder: Path
     steps: int
-    em_before: float | None
-    em_after: float | None
+    success_before: float | None
+    success_after: float | None
     tokens_total: int
     seconds: float
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -71,12 +82,12 @@ class RunResult:
     eval_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
+def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
     """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
-    rt.preflight(cfg)
+    preflight(cfg)
     engines.preflight(cfg)
-    dist, device = rt.setup_distributed(cfg.model_opts.device)
+    dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
     try:
@@ -91,19 +102,19 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.values.get('approx_kl', 0):.4f}",
                             tokens=run.state.tokens_total)
-            # held-out EM now and then; checkpoint (every process contributes its RNG stream)
+            # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
             if cfg.run.eval_every and run.state.step % cfg.run.eval_every == 0 and not finished:
                 run.log_eval(run.state.step, run.evaluate())
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
-                rngs = rt.gather_objects(rng_state(run.generators), dist)
+                rngs = parallel.gather_objects(rng_state(run.generators), dist)
                 gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
                 if dist.main:
                     save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
                                     gathered=gathered)
         bar.close()
         result = finish(run, t_start)
-        rt.barrier(dist)  # no process tears the group down while a peer is still in a collective
+        parallel.barrier(dist)  # no process tears the group down while a peer is still in a collective
         return result
     except BaseException:
         if folder is not None and dist.main:
@@ -112,10 +123,10 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> RunResult:
     finally:
         if lock is not None:
             lock.release()
-        rt.teardown_distributed()
+        parallel.teardown_distributed()
 
 
-def _open_folder(cfg: TrainConfig, dist: rt.Dist) -> tuple[Path, RunLock | None]:
+def _open_folder(cfg: TrainConfig, dist: parallel.Dist) -> tuple[Path, RunLock | None]:
     """The main process opens (and locks) the run folder; every process gets it, or the same error."""
     got: Path | TreegymError | None = None
     lock = None
@@ -124,7 +135,7 @@ def _open_folder(cfg: TrainConfig, dist: rt.Dist) -> tuple[Path, RunLock | None]
             got, lock = open_run_folder(cfg, time.strftime("%Y%m%d-%H%M%S"))
         except TreegymError as exc:
             got = exc
-    got = rt.broadcast_object(got, dist)
+    got = parallel.broadcast_object(got, dist)
     if isinstance(got, TreegymError):
         raise got
     assert got is not None
@@ -137,7 +148,7 @@ class Run:
 
     cfg: TrainConfig
     folder: Path
-    dist: rt.Dist
+    dist: parallel.Dist
     device: torch.device
     algo: Algorithm
     model: torch.nn.Module
@@ -153,7 +164,7 @@ class Run:
     mode: str
     sampling: SamplingParams
     state: TrainState
-    log: RunLog | None
+    log: MetricsLog | None
     last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
@@ -161,7 +172,7 @@ class Run:
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
-        with torch.no_grad(), rt.autocast(self.device, self.cfg.model_opts.bf16):
+        with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
             return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
     def evaluate_heldout(self, temperature: float | None = None) -> HeldOut | None:
@@ -170,24 +181,24 @@ class Run:
             return None
         cfg, dist = self.cfg, self.dist
         temperature = cfg.run.eval_temperature if temperature is None else temperature
-        prompts = rt.eval_prompts(env_registry.task_ids(self.eval_env), cfg.run.eval_n)[dist.rank :: dist.world]
-        with torch.no_grad(), rt.autocast(self.device, cfg.model_opts.bf16):
+        prompts = eval_prompts(cfg, self.eval_env)[dist.rank :: dist.world]
+        with torch.no_grad(), parallel.autocast(self.device, cfg.model_opts.bf16):
             local = evaluate_policy(self.policy, self.eval_env, prompts, cfg, self.mode, temperature,
                                     progress=self.progress and dist.main)
-        return HeldOut.merge(rt.gather_objects(local, dist))
+        return HeldOut.merge(parallel.gather_objects(local, dist))
 
     def evaluate(self, temperature: float | None = None) -> float | None:
         got = self.evaluate_heldout(temperature)
-        return None if got is None else got.em_rate
+        return None if got is None else got.success_rate
 
-    def log_eval(self, step: int, em: float | None) -> None:
-        """Log held-out EM (and, with run.eval_sampled, EM at temperature 1 as eval_em_t1)."""
-        if em is None:
+    def log_eval(self, step: int, rate: float | None) -> None:
+        """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""
+        if rate is None:
             return
-        row = {"eval_em": em, "tokens_total": self.state.tokens_total,
+        row = {"eval_success": rate, "tokens_total": self.state.tokens_total,
                **{k: self.state.extra.get(k, 0) for k in CURRENCY_TOTALS}}
         if self.cfg.run.eval_sampled:
-            row["eval_em_t1"] = self.evaluate(1.0)
+            row["eval_success_t1"] = self.evaluate(1.0)
         if self.log is not None:
             self.log.log(step, row)
 
@@ -205,26 +216,26 @@ class StepMetrics:
         return self.values[key]
 
 
-def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, progress: bool = False) -> Run:
-    """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; EM before."""
+def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.device, progress: bool = False) -> Run:
+    """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; success before."""
     algo = get_algorithm(cfg.algo)
     backend = engines.resolve_backend(cfg, device, dist.world)
     parallel.check(cfg.model_opts.parallel, cfg.model_opts.lora)
     sharded = dist.on and cfg.model_opts.parallel == "fsdp"
-    rt.seed_everything(cfg.seed * 1000 + dist.rank)
-    model, tokenizer = rt.load_trainable_model(cfg, device)
+    parallel.seed_everything(cfg.seed * 1000 + dist.rank)
+    model, tokenizer = load_trainable_model(cfg, device)
     # The sampling engine and the KL reference see whole weights: built before any sharding.
     engine = engines.build(cfg, backend, model, tokenizer, seed=cfg.seed * 1000 + dist.rank, sharded_later=sharded)
-    reference = rt.frozen_copy(model) if cfg.loss.use_kl else None
+    reference = frozen_copy(model) if cfg.loss.use_kl else None
     scorer = TokenScorer(model)
     trainer = parallel.wrap(scorer, cfg.model_opts.parallel, dist.world, device)
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
     policy = engine.policy
-    generators = rt.policy_generators(policy)
-    env = rt.make_env(cfg, cfg.run.train_split)
-    sampling = rt.sampling_params(cfg)
+    generators = policy_generators(policy)
+    env = make_env(cfg, cfg.run.train_split)
+    sampling = sampling_params(cfg)
     state = TrainState()
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
     if loaded is not None:
@@ -232,17 +243,20 @@ def setup(cfg: TrainConfig, folder: Path, dist: rt.Dist, device: torch.device, p
         engine.after_update(model)  # the engine samples the resumed weights
         if dist.main:
             print(f"resumed from {path} (step {state.step})")
-    log = RunLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
+    log = MetricsLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
-    run = Run(cfg, folder, dist, device, algo, model, tokenizer, scorer, reference,
-              updater, policy, generators, env, rt.make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
-              env_registry.task_ids(env), resolve_mode(cfg.sampler.context_mode, tokenizer), sampling, state, log,
-              progress=progress, engine=engine, sharded=sharded)
-    if "em_before" not in state.extra:
+    run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
+              scorer=scorer, reference=reference, updater=updater, policy=policy, generators=generators, env=env,
+              eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
+              task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
+              sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded)
+    if "em_before" in state.extra:  # a checkpoint written before success had its own name
+        state.extra["success_before"] = state.extra.pop("em_before")
+    if "success_before" not in state.extra:
         before = run.evaluate_heldout()
-        state.extra["em_before"] = None if before is None else before.em_rate
+        state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
-        run.log_eval(0, state.extra["em_before"])
+        run.log_eval(0, state.extra["success_before"])
     return run
 
 
@@ -250,7 +264,7 @@ def sample(run: Run) -> RolloutBatch:
     """This process's slice of the global prompt stream, rolled out; the leaves carry rewards."""
     cfg, dist, state = run.cfg, run.dist, run.state
     start = state.data_position + dist.rank * cfg.prompts_per_step
-    prompts = rt.train_prompts(run.task_ids, cfg.seed, start, cfg.prompts_per_step)
+    prompts = train_prompts(run.task_ids, cfg.seed, start, cfg.prompts_per_step)
     state.data_position += cfg.prompts_per_step * dist.world
     run.model.eval()
     t0 = time.time()
@@ -280,11 +294,11 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         old_logp[rest] = upd.score(run.scorer, data, cfg, device, rows=rest, dist=dist)
     ref_logp = None
     if run.reference is not None or (cfg.loss.use_kl and hasattr(run.model, "disable_adapter")):
-        ref_model, scope = rt.reference_scope(run.model, run.reference)
+        ref_model, scope = reference_scope(run.model, run.reference)
         with scope:
             ref_logp = upd.score(TokenScorer(ref_model), data, cfg, device)
 
-    if rt.checkpointing_on(run.model):
+    if checkpointing_on(run.model):
         run.model.train()  # transformers recomputes activations in train mode only
     expected = cfg.prompts_per_step * run.algo.leaves_per_prompt(cfg)
     n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
@@ -296,8 +310,8 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
 
     state.step += 1
     bud = batch.budget
-    totals = rt.all_sum_named({
-        "reward": sum(r.reward for r in rollouts), "em": sum(success(r.info) for r in rollouts),
+    totals = parallel.all_sum_named({
+        "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
         "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens,
         "prefill_tokens": bud.prefill_tokens, "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls,
         "env_steps": bud.env_steps, "logprob_gap": upd.logprob_gap(data, old_logp),
@@ -313,7 +327,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     n = max(totals["trajectories"], 1.0)
     run.last_batch = batch
     return StepMetrics({
-        "reward": totals["reward"] / n, "em": totals["em"] / n, "trajectories": int(totals["trajectories"]),
+        "reward": totals["reward"] / n, "success": totals["success"] / n, "trajectories": int(totals["trajectories"]),
         **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps",
                                        "trainer_tokens", "tool_rounds", "resampled")},
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
@@ -345,30 +359,29 @@ def _count_nonfinite(run: Run, nonfinite: bool) -> None:
             f"{run.folder / 'checkpoints'}")
 
 
-def finish(run: Run, t_start: float) -> RunResult:
-    """Final weights, EM after, plots, the trees of the last step, and the summary."""
+def finish(run: Run, t_start: float) -> TrainResult:
+    """Final weights, success after, plots, the trees of the last step, and the summary."""
     cfg, dist, state, folder = run.cfg, run.dist, run.state, run.folder
     sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
     after = run.evaluate_heldout()
-    em_after = None if after is None else after.em_rate
-    run.log_eval(state.step, em_after)
-    digests = rt.gather_objects(rt.weights_digest(sampled), dist)
+    success_after = None if after is None else after.success_rate
+    run.log_eval(state.step, success_after)
+    digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:
         run.log.close()
-        from treegym.trainers.runlog import read_metrics
-
         history = read_metrics(folder / "metrics.jsonl")
         if cfg.run.plots:
             plot_metrics(folder)
         if cfg.run.trees_html and run.last_batch is not None:
             _write_trees(run.last_batch, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
     before_data = state.extra.get("eval_before")
-    result = RunResult(folder, state.step, state.extra["em_before"], em_after, state.tokens_total,
-                       time.time() - t_start, history, digests,
-                       HeldOut.from_dict(before_data) if before_data else None, after)
+    result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
+                         success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,
+                         history=history, replica_digests=digests,
+                         eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after)
     if dist.main:
         summary = {k: v.to_dict() if isinstance(v, HeldOut) else v for k, v in result.__dict__.items() if k != "history"}
         (folder / "summary.json").write_text(json.dumps({**summary, "folder": str(folder), "world": dist.world}, indent=2))

@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from treegym.errors import ConfigError
-
-AGGREGATIONS = ("token-mean", "seq-mean", "constant")
+from treegym.trainers.config import AGGREGATIONS
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,17 @@ def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", constant: 
             raise ConfigError("aggregation 'constant' needs a positive loss.constant_normalizer")
         return (values * mask).sum() / constant
     raise ConfigError(f"aggregation {mode!r} is not one of: {', '.join(AGGREGATIONS)}")
+
+
+def aggregation_size(mask: Tensor, mode: str) -> float:
+    """How many units ``aggregate`` averages over: masked tokens (``token-mean``), sequences
+    with a masked token (``seq-mean``), or 1 (``constant`` divides by a fixed number). A batch
+    split into parts weighs each part's mean by its share of this size."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean":
+        return float((mask.sum(-1) > 0).sum())
+    return 1.0
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -1,6 +1,9 @@
-"""Data parallelism for the update: DDP replicas or FSDP2 shards, behind one small interface.
+"""Processes, devices and data parallelism: what the loop stands on below the model.
 
-``model_opts.parallel`` picks it (one process: neither, the scorer runs as it is):
+One process, or a ``torchrun`` group (gloo on CPU, NCCL on GPU): ``setup_distributed`` joins it
+and picks the device, and the collectives here (sums, broadcasts, gathers) are no-ops in one
+process. ``model_opts.parallel`` picks how the update is parallel (one process: neither, the
+scorer runs as it is):
 
 - ``ddp``: every process holds the whole model and its optimiser state; gradients are
   all-reduced. The sampling policy reads the trained model itself.
@@ -18,13 +21,145 @@ FSDP: every process calls it, in the same order.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import hashlib
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 
 from treegym.errors import ConfigError
+from treegym.trainers.model import base_model, trainable_names
+
+# ---- processes and devices ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in a (possibly single-process) data-parallel group."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(device_pref: str) -> torch.device:
+    """``model_opts.device`` for this process: ``auto`` is its GPU when there is one; under
+    torchrun every process takes the GPU of its local rank."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_pref == "auto":
+        return torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device_pref)
+    except RuntimeError:
+        raise ConfigError(f"config field model_opts.device: {device_pref!r} is not cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("config field model_opts.device: cuda was asked for, but no GPU is visible")
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = torch.device(f"cuda:{local}")
+    return device
+
+
+def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
+    """Join the torchrun group if launched by torchrun (gloo on CPU, NCCL on GPU); pick the device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_pref)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local), device
+
+
+def barrier(dist: Dist) -> None:
+    """Wait for every process (a no-op in one process)."""
+    if dist.on:
+        torch_dist.barrier()
+
+
+def teardown_distributed() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPU (weights stay fp32); nothing on CPU."""
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _all_reduce(values: Sequence[float], dist: Dist, device: torch.device, op: Any = None) -> list[float]:
+    # NCCL reduces on the GPU, gloo on the CPU
+    t = torch.tensor(list(values), dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    torch_dist.all_reduce(t, op=op if op is not None else torch_dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_sum(values: Sequence[float], dist: Dist, device: torch.device) -> list[float]:
+    """Sum a vector of floats over every process."""
+    return _all_reduce(values, dist, device) if dist.on else list(map(float, values))
+
+
+def all_sum_named(values: dict[str, float], dist: Dist, device: torch.device) -> dict[str, float]:
+    """Sum named floats over every process (the same names on every process)."""
+    names = sorted(values)
+    return dict(zip(names, all_sum([float(values[k]) for k in names], dist, device)))
+
+
+def any_rank(flag: bool, dist: Dist, device: torch.device) -> bool:
+    """True on every process if ``flag`` is true on any (so all take the same branch)."""
+    return all_sum([float(flag)], dist, device)[0] > 0
+
+
+def broadcast_object(obj: Any, dist: Dist) -> Any:
+    if not dist.on:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any, dist: Dist) -> list[Any]:
+    if not dist.on:
+        return [obj]
+    out: list[Any] = [None] * dist.world
+    torch_dist.all_gather_object(out, obj)
+    return out
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A hash of the trainable weights: equal on every replica of a healthy DDP run."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.requires_grad:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# ---- data parallelism of the update ------------------------------------------------------------
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -43,7 +178,7 @@ def check(parallel: str, lora: bool) -> None:
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a HF causal LM (each one FSDP unit)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     layers = getattr(base.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ConfigError(f"model_opts.parallel=fsdp: {type(base).__name__} has no decoder .layers to shard")
@@ -91,15 +226,9 @@ def _fsdp_no_sync(trainer: Any) -> Iterator[None]:
         trainer.set_requires_gradient_sync(True)
 
 
-def all_max(value: int, world: int, device: torch.device) -> int:
+def all_max(value: int, dist: Dist, device: torch.device) -> int:
     """The largest ``value`` over every process (so that all run as many collective forwards)."""
-    if world <= 1:
-        return value
-    import torch.distributed as torch_dist
-
-    t = torch.tensor([value], dtype=torch.long, device=device if device.type == "cuda" else "cpu")
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(_all_reduce([value], dist, device, torch_dist.ReduceOp.MAX)[0]) if dist.on else value
 
 
 def full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -121,7 +250,7 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    names = trainable_names(model)
     weights = {k: v for k, v in get_model_state_dict(model, options=opts).items() if k in names}
     return weights, get_optimizer_state_dict(model, optimizer, options=opts)
 

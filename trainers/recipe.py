@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import base_id, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.heldout import HeldOut
 
 WARM_START_VERSION = 1
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
@@ -65,7 +65,7 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
-    from treegym.trainers.runtime import train_env_kwargs
+    from treegym.trainers.prompts import train_env_kwargs
 
     s = cfg.sampler
     return {
@@ -86,6 +86,7 @@ def warm_start_folder(cfg: TrainConfig) -> Path:
 
 def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
     """The warm-started model for ``cfg`` (built now, or found in the cache)."""
+    from treegym.trainers.parallel import pick_device
     from treegym.trainers.sft import SFT_META, SFTConfig, run_sft
 
     folder = warm_start_folder(cfg)
@@ -102,14 +103,14 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
     untrained = evaluate_model(cfg, cfg.model, progress=progress)
     if untrained is not None:
-        log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.em_rate:.3f} on {untrained.n} held-out prompts")
+        log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     sft = SFTConfig(
         out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=expert_for(cfg.env),
         episodes=cfg.warm_start_episodes, max_turns=cfg.sampler.max_turns, max_new_tokens=cfg.sampler.max_new_tokens,
         mode=cfg.sampler.context_mode, eval_n=0, train_split=cfg.run.train_split, seed=cfg.seed,
-        device=_device(cfg), lr=WARM_START_LR,
+        device=str(pick_device(cfg.model_opts.device)), lr=WARM_START_LR,
     )  # fmt: skip
     result = run_sft(sft, progress=progress, log=log)
     meta = json.loads((tmp / SFT_META).read_text())
@@ -123,6 +124,68 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     return WarmStart(folder, False, time.perf_counter() - t0, result.examples, untrained)
 
 
+def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
+    """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
+    summary table (returned on the main process, None on the others)."""
+    from treegym.trainers import engines
+    from treegym.trainers.heldout import phase_summary
+    from treegym.trainers.loop import train
+    from treegym.trainers.metrics import plot_phases
+    from treegym.trainers.prompts import preflight
+
+    preflight(cfg)
+    engines.preflight(cfg)  # e.g. sampler.backend=vllm without vllm: before a warm start
+    main = int(os.environ.get("RANK", "0")) == 0
+    base_model = cfg.model
+    ws = None
+    if wants_warm_start(cfg):
+        ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
+        cfg.model = str(ws.folder)
+    result = train(cfg, progress=progress)
+    if not main:
+        return None
+    if not cfg.run.keep_checkpoints:
+        # The run is finished: its resumable state (optimiser included) is no longer needed.
+        shutil.rmtree(result.folder / "checkpoints", ignore_errors=True)
+    phases = phase_summary([("untrained", ws.untrained if ws is not None else None),
+                            ("after warm start" if ws is not None else "before RL", result.eval_before),
+                            ("after RL", result.eval_after)])  # fmt: skip
+    (result.folder / "phases.json").write_text(json.dumps(phases, indent=2) + "\n")
+    plot_phases(phases, result.folder / "plots" / "phases.png", f"{cfg.algo} on {cfg.env}")
+    return summary_table(cfg, base_model, result, ws, phases)
+
+
+def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart | None, phases: dict[str, Any]) -> str:
+    """The table ``treegym train`` prints: each phase's held-out score and the paired gains."""
+    def pct(v: list[float]) -> str:
+        return f"{100 * v[0]:5.1f}% [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+    def pts(v: list[float]) -> str:
+        return f"{100 * v[0]:+.1f} pts [{100 * v[1]:+.1f}, {100 * v[2]:+.1f}]"
+
+    metric = score_name(cfg.env)
+    warm = "" if ws is None else (f" after a warm start on {ws.examples} expert episodes "
+                                  f"({'cached' if ws.cached else f'built in {ws.seconds:.0f} s'})")
+    rows = [("algorithm", f"{cfg.algo}{warm}"), ("env / model", f"{cfg.env} / {base_model}"),
+            ("steps / tokens", f"{result.steps} / {result.tokens_total:,} generated")]
+    table = []
+    for name, p in phases["phases"].items():
+        table.append((f"{metric} {name}", f"{pct(p['success'])}  well-formed {100 * p['well_formed'][0]:.0f}%, "
+                                          f"tool calls/episode {p['tool_calls'][0]:.2f}  (n={p['n']})"))
+    for name, g in phases["gains"].items():
+        wf = phases.get("well_formed_gains", {}).get(name)
+        table.append((f"gain {name}", pts(g) + (f"  well-formed {pts(wf)}" if wf else "")))
+    rows += table
+    rows += [("time (RL phase)", f"{result.seconds:.0f} s"), ("run folder", str(result.folder))]
+    final = Path(result.folder) / "final"
+    if final.exists():
+        rows.append(("trained policy", f"{final}  (treegym eval --agent {final})"))
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 3 + max(len(v) for _, v in rows))
+    note = "(95% intervals: Wilson for the score, paired bootstrap over the same held-out prompts for gains)"
+    return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
+
+
 def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) -> HeldOut | None:
     """``model_spec`` on the run's held-out prompts, with the trainer's own protocol."""
     if not cfg.run.eval_n:
@@ -132,24 +195,15 @@ def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) ->
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
     from treegym.agents.rollout.context import resolve_mode
-    from treegym.envs import registry as env_registry
-    from treegym.trainers import runtime as rt
     from treegym.trainers.heldout import evaluate_policy
+    from treegym.trainers.parallel import autocast, pick_device
+    from treegym.trainers.prompts import eval_prompts, make_env
 
-    device = _device(cfg)
-    model, tokenizer = load_model(model_spec, device=device, dtype=torch.float32)
-    env = rt.make_env(cfg, cfg.run.eval_split)
-    prompts = rt.eval_prompts(env_registry.task_ids(env), cfg.run.eval_n)
+    device = pick_device(cfg.model_opts.device)
+    model, tokenizer = load_model(model_spec, device=str(device), dtype=torch.float32)
+    env = make_env(cfg, cfg.run.eval_split)
+    prompts = eval_prompts(cfg, env)
     mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
-    with torch.no_grad(), rt.autocast(torch.device(device), cfg.model_opts.bf16):
+    with torch.no_grad(), autocast(device, cfg.model_opts.bf16):
         return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature,
                                progress=progress)
-
-
-def _device(cfg: TrainConfig) -> str:
-    import torch
-
-    pref = cfg.model_opts.device
-    if pref == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return pref

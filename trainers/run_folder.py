@@ -31,7 +31,7 @@ import yaml
 from treegym.errors import ConfigError
 from treegym.trainers.checkpoint import list_checkpoints
 from treegym.trainers.config import TrainConfig, leaf_paths, to_dict
-from treegym.trainers.runlog import read_metrics
+from treegym.trainers.metrics import read_metrics
 
 # What a resume may change: how long to run, where and how often to write, and the device.
 # Everything else decides what the run computes, so a change there would resume another run.
@@ -40,7 +40,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "run.plots", "run.tensorboard", "run.wandb", "run.trees_html", "run.keep_checkpoints", "model_opts.device",
 })  # fmt: skip
 
-# The files and folders a run writes (see treegym.trainers.runlog); only these are ever removed.
+# The files and folders a run writes (see treegym.trainers.metrics); only these are ever removed.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "trees.html", "phases.json")
 RUN_DIRS = ("checkpoints", "tb", "plots", "wandb", "final")
 MANIFEST = ".treegym-run.json"  # what treegym writes in this folder: the only names it ever removes

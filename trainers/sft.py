@@ -9,7 +9,8 @@ so every RL reward is 0 and every advantage with it. ``run_sft`` fixes the forma
 3. AdamW on the masked next-token loss (all weights, or LoRA adapters merged at the end);
 4. a HF model folder (safetensors, tokenizer, ``sft.json``) that ``treegym train --model`` and
    ``treegym eval --agent`` load like any local model;
-5. EM and the rate of well-formed actions on held-out prompts, greedy, before and after.
+5. success (EM on QA) and the well-formed share of actions on the held-out prompts, greedy,
+   before and after, scored as every held-out evaluation is (``treegym.trainers.heldout``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from typing import Any
 
 import torch
 
+from treegym.agents.eval import read_traces
+from treegym.agents.hf_policy import HFPolicy
+from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import TokenContext, resolve_mode
-from treegym.envs.core import success
+from treegym.agents.rollout.scoring import HeldOut
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, read_traces, select_examples
+from treegym.trainers.heldout import play_heldout
+from treegym.trainers.logprobs import TokenScorer
+from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, select_examples
 
 SFT_META = "sft.json"
 
@@ -74,16 +80,6 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
-class FormatScore:
-    """Greedy results on held-out prompts: EM, and the share of actions the env could parse."""
-
-    n: int
-    em: float
-    well_formed: float
-    actions: int
-
-
-@dataclass(frozen=True)
 class SFTResult:
     folder: Path
     examples: int
@@ -92,76 +88,49 @@ class SFTResult:
     steps: int
     loss_first: float
     loss_last: float
-    before: FormatScore | None
-    after: FormatScore | None
+    before: HeldOut | None  # greedy, on the held-out prompts
+    after: HeldOut | None
     seconds: float
 
 
 # ---- the loss (pure) --------------------------------------------------------------------------
 
 
-def pad_examples(examples: Sequence[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 where not trained).
+def pad_examples(examples: Sequence[SFTExample], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded ``input_ids`` and ``attention_mask``, then per predicted position (shifted
+    by one, as ``TokenScorer`` takes them) the target ids and the 0/1 label mask.
 
     Each example is cut after its last action token: what follows (the final observation)
     has no label and nothing after it does either, so running it would be wasted compute.
     """
     lengths = [_last_label(e) + 1 for e in examples]
-    width = max(lengths)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(examples), width), dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    ids = torch.full((len(examples), max(lengths)), pad_id, dtype=torch.long)
+    attn, labels = torch.zeros_like(ids), torch.zeros(ids.shape, dtype=torch.float32)
     for row, (e, n) in enumerate(zip(examples, lengths)):
-        t = torch.tensor(e.token_ids[:n], dtype=torch.long)
-        ids[row, :n] = t
+        ids[row, :n] = torch.tensor(e.token_ids[:n], dtype=torch.long)
         attn[row, :n] = 1
-        labels[row, :n] = torch.where(torch.tensor(e.label_mask[:n], dtype=torch.bool), t, torch.tensor(-100))
-    return ids, attn, labels
+        labels[row, :n] = torch.tensor(e.label_mask[:n], dtype=torch.float32)
+    return ids, attn, ids[:, 1:], labels[:, 1:]
 
 
 def _last_label(e: SFTExample) -> int:
     return max((i for i, m in enumerate(e.label_mask) if m), default=len(e.token_ids) - 1)
 
 
-def masked_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Summed next-token NLL over labelled positions, and how many there were.
-
-    ``logits[:, t]`` predicts token ``t + 1``; positions labelled -100 do not count.
-    """
-    pred = logits[:, :-1].float()
-    target = labels[:, 1:]
-    total = torch.nn.functional.cross_entropy(pred.reshape(-1, pred.size(-1)), target.reshape(-1),
-                                              ignore_index=-100, reduction="sum")
-    return total, int((target != -100).sum())
-
-
-def batch_nll(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``masked_nll`` of a batch, projecting only the labelled positions through the LM head.
-
-    Actions are about a tenth of an episode's tokens, and the head (vocabulary x hidden) is a
-    large share of a small model's compute; models without a separate decoder and head (or
-    with a logit transform after it) get the full logits instead.
-    """
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    plain_head = getattr(model.config, "final_logit_softcapping", None) is None and not getattr(model.config, "logit_scale", None)
-    if decoder is None or head is None or not plain_head:
-        return masked_nll(model(input_ids=ids, attention_mask=attn).logits, labels)
-    hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
-    target = labels[:, 1:]
-    keep = target != -100
-    logits = head(hidden[:, :-1][keep]).float()
-    total = torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum")
-    return total, int(keep.sum())
+def batch_nll(scorer: TokenScorer, examples: Sequence[SFTExample], pad_id: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL of the action tokens of ``examples``, and how many there were: the
+    RL loss's own log-probs (``TokenScorer``, which runs the LM head on those positions only)."""
+    ids, attn, targets, mask = (t.to(device) for t in pad_examples(examples, pad_id))
+    logp, _ = scorer(ids, attn, targets, mask, with_entropy=False)
+    return -logp.sum(), int(mask.sum())
 
 
 def example_loss(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int, device: torch.device) -> float:
     """Mean NLL per labelled token of ``examples`` (no grad)."""
-    total, count = 0.0, 0
+    total, count, scorer = 0.0, 0, TokenScorer(model)
     with torch.no_grad():
         for i in range(0, len(examples), 4):
-            ids, attn, labels = (t.to(device) for t in pad_examples(examples[i : i + 4], pad_id))
-            s, n = batch_nll(model, ids, attn, labels)
+            s, n = batch_nll(scorer, examples[i : i + 4], pad_id, device)
             total, count = total + float(s), count + n
     return total / max(count, 1)
 
@@ -179,6 +148,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
     if not examples:
         raise ConfigError("no examples to train on")
     params = [p for p in model.parameters() if p.requires_grad]
+    scorer = TokenScorer(model)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
@@ -203,8 +173,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 for m in range(0, len(batch), cfg.micro_batch_size):
-                    ids, attn, labels = (t.to(device) for t in pad_examples(batch[m : m + cfg.micro_batch_size], pad_id))
-                    nll, _ = batch_nll(model, ids, attn, labels)
+                    nll, _ = batch_nll(scorer, batch[m : m + cfg.micro_batch_size], pad_id, device)
                     (nll / n_labels).backward()
                     step_loss += nll.item() / n_labels
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -226,36 +195,6 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / (warmup + 1)
     return max(0.0, (total - step) / max(1, total - warmup))
-
-
-# ---- held-out format and EM -------------------------------------------------------------------
-
-
-def well_formed_rate(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
-                 max_turns: int, max_new_tokens: int, seed: int = 0) -> FormatScore:
-    """Greedy chains on ``prompts``: success (EM on QA) per episode, and the share of well-formed actions."""
-    return format_score(greedy_chains(model, tokenizer, env, prompts, mode, max_turns, max_new_tokens, seed))
-
-
-def greedy_chains(model: torch.nn.Module, tokenizer: Any, env: Any, prompts: Sequence[Any], mode: str,
-                  max_turns: int, max_new_tokens: int, seed: int = 0) -> Any:
-    """One greedy chain per prompt (a ``RolloutBatch``), as the held-out scores play them."""
-    from treegym.agents.hf_policy import HFPolicy
-    from treegym.agents.policy import SamplingParams
-    from treegym.agents.rollout.samplers import sample_chains
-
-    policy = HFPolicy(model, tokenizer, seed=seed)
-    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens)
-    with torch.no_grad():
-        return sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode)  # type: ignore[arg-type]
-
-
-def format_score(batch: Any) -> FormatScore:
-    """Success per episode and the share of well-formed actions of a batch of chains."""
-    turns = [n.turn for tree in batch.trees for n in tree.nodes if n.turn is not None]
-    em = [success(r.info) for r in batch.rollouts]
-    good = sum(not t.invalid for t in turns)
-    return FormatScore(len(em), sum(em) / max(1, len(em)), good / max(1, len(turns)), len(turns))
 
 
 # ---- saving -----------------------------------------------------------------------------------
@@ -293,13 +232,15 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResult:
     """Collect (or read) expert episodes, train, save, and score before and after (see module doc)."""
     from treegym.envs import registry as env_registry
-    from treegym.trainers import runtime as rt
+    from treegym.trainers import parallel
     from treegym.trainers.config import TrainConfig
+    from treegym.trainers.model import base_model, with_lora
+    from treegym.trainers.prompts import eval_prompts, make_env, train_prompts
 
     t0 = time.perf_counter()
     _validate(cfg)
     folder = check_writable(cfg.out)
-    rt.seed_everything(cfg.seed)
+    parallel.seed_everything(cfg.seed)
     tcfg = TrainConfig(env=cfg.env, env_kwargs=dict(cfg.env_kwargs), model=cfg.model)
     tcfg.sampler.max_turns = cfg.max_turns
     # Episodes before the model: a bad trace file or expert fails in a second, not after a load.
@@ -308,8 +249,8 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
         source = f"traces {cfg.traces}"
     else:
         expert = make_expert(cfg.expert, cfg.env, cfg.max_turns)
-        env = rt.make_env(tcfg, cfg.train_split)
-        prompts = rt.train_prompts(env_registry.task_ids(env), cfg.seed, 0, cfg.episodes)
+        env = make_env(tcfg, cfg.train_split)
+        prompts = train_prompts(env_registry.task_ids(env), cfg.seed, 0, cfg.episodes)
         episodes = collect_episodes(env, expert, prompts, progress, max_turns=cfg.max_turns)
         source = f"{cfg.expert} expert on {cfg.env} ({cfg.train_split})"
 
@@ -326,28 +267,32 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
     log(f"sft: {len(examples)} episodes from {source}, dropped {dropped}; "
         f"{sum(e.n_labels for e in examples):,} action tokens of {sum(len(e.token_ids) for e in examples):,}")
 
-    eval_env = rt.make_env(tcfg, cfg.eval_split) if cfg.eval_n else None
-    eval_prompts = rt.eval_prompts(env_registry.task_ids(eval_env), cfg.eval_n) if eval_env is not None else []
+    tcfg.run.eval_n = cfg.eval_n
+    eval_env = make_env(tcfg, cfg.eval_split) if cfg.eval_n else None
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
 
-    def score() -> FormatScore | None:
+    def score() -> HeldOut | None:
         if eval_env is None:
             return None
-        return well_formed_rate(rt.base_model(model), tokenizer, eval_env, eval_prompts, mode, cfg.max_turns, cfg.max_new_tokens, cfg.seed)
+        with torch.no_grad():
+            return play_heldout(HFPolicy(base_model(model), tokenizer, seed=cfg.seed), eval_env,
+                                eval_prompts(tcfg, eval_env), greedy, max_turns=cfg.max_turns, mode=mode)
 
     before = score()
     if before is not None:
-        log(f"sft: before: EM {before.em:.3f}, well-formed actions {before.well_formed:.3f} ({before.n} {cfg.eval_split} prompts)")
+        log(f"sft: before: success {before.success_rate:.3f}, well-formed actions {before.mean('well_formed'):.3f} "
+            f"({before.n} {cfg.eval_split} prompts)")
     if cfg.lora:
-        model = rt.with_lora(model, cfg.lora_r, cfg.lora_alpha, "LoRA SFT (--lora)")
+        model = with_lora(model, cfg.lora_r, cfg.lora_alpha, "LoRA SFT (--lora)")
     t_train = time.perf_counter()
     losses = train_examples(model, examples, cfg, pad_id, device, progress)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score()
     if after is not None:
-        log(f"sft: after:  EM {after.em:.3f}, well-formed actions {after.well_formed:.3f}")
+        log(f"sft: after:  success {after.success_rate:.3f}, well-formed actions {after.mean('well_formed'):.3f}")
     meta = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
             "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
-            "before": asdict(before) if before else None, "after": asdict(after) if after else None,
+            "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
             "config": asdict(cfg)}
     save_model(model, tokenizer, folder, meta)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),

@@ -1,4 +1,5 @@
-"""Expert episodes for supervised warm starts: collected from a scripted expert or read from traces.
+"""Expert episodes for supervised warm starts: collected from a scripted expert here, or read
+from ``treegym eval --out`` traces (``treegym.agents.eval.read_traces``).
 
 An episode becomes one token sequence in exactly the RL trainer's context format
 (``treegym.agents.rollout.context.TokenContext``): prompt ids, then per turn the action ids followed
@@ -10,40 +11,22 @@ emits actions that stop at the policy's stop strings (``</search>``, ``</answer>
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
-from treegym.agents.base import Message
-from treegym.agents.eval import progress_bar
+from treegym.agents.eval import Transcript, play_episodes, progress_bar
 from treegym.agents.rollout.context import TokenContext
-from treegym.agents.rollout.episode import run_episode
-from treegym.agents.rollout.types import reset_args
 from treegym.envs.core import success
-from treegym.errors import ConfigError, TreegymError
+from treegym.errors import ConfigError
 
 EXPERTS: tuple[str, ...] = ("heuristic", "oracle")
 
 
-class TraceFormatError(TreegymError):
-    """A trace file is missing, empty, or has a line that is not an episode."""
-
-
 class ExpertError(ConfigError):
     """The expert is unknown, or the env has none."""
-
-
-@dataclass(frozen=True)
-class ExpertEpisode:
-    """One expert episode as chat messages (user prompt, then assistant/user turns)."""
-
-    episode_id: str
-    messages: tuple[Message, ...]
-    em: float
 
 
 @dataclass(frozen=True)
@@ -83,75 +66,23 @@ def make_expert(name: str, env_id: str, max_turns: int) -> Any:
 
 
 def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress: bool = False,
-                     max_turns: int | None = None) -> list[ExpertEpisode]:
+                     max_turns: int | None = None) -> list[Transcript]:
     """Run ``expert`` on each prompt (reset options or a seed) of ``env``, for at most
     ``max_turns`` actions (the policy's own budget: an episode that needs more is cut and counts
     as unsolved); episodes where the expert raised are skipped."""
     bar = progress_bar(len(prompts), "expert episodes", progress)
-    out: list[ExpertEpisode] = []
-    for prompt in prompts:
-        seed, options = reset_args(prompt)
-        ep = run_episode(env, expert, seed=seed, options=options, max_turns=max_turns)
-        if bar is not None:
-            bar.update(1)
-        if ep.error is None:
-            out.append(ExpertEpisode(ep.episode_id, tuple(ep.messages), success(ep.info)))
-    if bar is not None:
-        bar.close()
-    return out
-
-
-# ---- reading traces --------------------------------------------------------------------------
-
-
-def read_traces(path: str | Path) -> list[ExpertEpisode]:
-    """Episodes of a ``traces.jsonl`` written by ``treegym eval --out`` (errored ones skipped)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "traces.jsonl"
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TraceFormatError(f"trace file {p} does not exist; write one with `treegym eval --out DIR`") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"cannot read trace file {p}: {exc}") from None
-    episodes: list[ExpertEpisode] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(f"{p}, line {number}: not JSON ({exc.msg})") from None
-        messages = _check_messages(record, f"{p}, line {number}")
-        if record.get("error"):
-            continue
-        em = record.get("em", 0.0)
-        episodes.append(ExpertEpisode(str(record.get("episode_id", number)), messages, float(em or 0.0)))
-    if not episodes:
-        raise TraceFormatError(f"trace file {p} holds no usable episode (it is empty, or every episode failed)")
-    return episodes
-
-
-def _check_messages(record: Any, where: str) -> tuple[Message, ...]:
-    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-        raise TraceFormatError(f"{where}: an episode is a JSON object with a 'messages' list")
-    messages = record["messages"]
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
-            raise TraceFormatError(f"{where}: message {i} is not {{'role': 'user'|'assistant', 'content': str}}")
-    if not messages or messages[0]["role"] != "user":
-        raise TraceFormatError(f"{where}: the first message must be the env's prompt (role 'user')")
-    for i in range(1, len(messages)):
-        if messages[i]["role"] == messages[i - 1]["role"]:
-            raise TraceFormatError(f"{where}: messages {i - 1} and {i} are both {messages[i]['role']!r}; turns must alternate")
-    return tuple(dict(m) for m in messages)  # type: ignore[misc]
+        played = play_episodes(env, expert, prompts, max_turns, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [Transcript(ep.episode_id, tuple(ep.messages), success(ep.info)) for ep in played if ep.error is None]
 
 
 # ---- episodes to token ids -------------------------------------------------------------------
 
 
-def episode_example(ctx: TokenContext, episode: ExpertEpisode) -> SFTExample:
+def episode_example(ctx: TokenContext, episode: Transcript) -> SFTExample:
     """``episode`` as the RL trainer would have laid it out in context, actions labelled."""
     msgs = episode.messages
     ids = list(ctx.prompt_ids(msgs[0]["content"]))
@@ -170,7 +101,7 @@ def episode_example(ctx: TokenContext, episode: ExpertEpisode) -> SFTExample:
 
 
 def select_examples(
-    ctx: TokenContext, episodes: Sequence[ExpertEpisode], only_correct: bool, max_action_tokens: int
+    ctx: TokenContext, episodes: Sequence[Transcript], only_correct: bool, max_action_tokens: int
 ) -> tuple[list[SFTExample], dict[str, int]]:
     """Examples worth imitating, and how many episodes were dropped for what.
 
@@ -184,7 +115,7 @@ def select_examples(
         if not any(m["role"] == "assistant" for m in ep.messages):
             dropped["no_action"] += 1
             continue
-        if only_correct and ep.em < 1.0:
+        if only_correct and ep.success < 1.0:
             dropped["wrong"] += 1
             continue
         ex = episode_example(ctx, ep)

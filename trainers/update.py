@@ -21,10 +21,9 @@ from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
 from treegym.trainers import parallel
-from treegym.trainers import runtime as rt
 from treegym.trainers.config import LossConfig
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer
-from treegym.trainers.losses import LossOutput, aggregate, kl_k3
+from treegym.trainers.losses import LossOutput, aggregate, aggregation_size, kl_k3
 
 
 def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], lc: LossConfig, logp: Tensor,
@@ -55,7 +54,7 @@ class Update:
     loss_fn: Callable[..., LossOutput]
     loss_options: dict[str, Any]
     cfg: Any  # TrainConfig
-    dist: rt.Dist
+    dist: parallel.Dist
     device: torch.device
 
 
@@ -72,7 +71,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
     cfg, dist, device = u.cfg, u.dist, u.device
     stats: dict[str, list[float]] = {}
     bad_inputs = not (torch.isfinite(old_logp).all() and torch.isfinite(data.extras["advantages"]).all())
-    nonfinite = rt.any_rank(bool(bad_inputs), dist, device)
+    nonfinite = parallel.any_rank(bool(bad_inputs), dist, device)
     fresh = True  # no update yet in this step: the current forward is the old policy
     mb_size, micro_size = cfg.optim.mini_batch_size, cfg.optim.micro_batch_size
     for epoch in range(0 if nonfinite else cfg.optim.ppo_epochs):
@@ -87,7 +86,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 # gradients in lock-step); an empty micro-batch scores row 0 x 0.
                 rows, scale = (micro, 1.0) if micro else ([0], 0.0)
                 sync = k == n_micro - 1
-                with parallel.grad_sync(u.trainer, sync or not dist.on), rt.autocast(device, cfg.model_opts.bf16):
+                with parallel.grad_sync(u.trainer, sync or not dist.on), parallel.autocast(device, cfg.model_opts.bf16):
                     ids, attn, tgt, mask, n = take(data, rows, device)
                     logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
                     if fresh and micro:
@@ -97,14 +96,14 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                         data.extras["advantages"][rows, :n].to(device), data.extras["weights"][rows, :n].to(device),
                         mask, None if ref_logp is None else ref_logp[rows, :n].to(device))
                     loss = loss * scale * micro_share(data, micro, norm, cfg.loss.agg)
-                if rt.any_rank(not torch.isfinite(loss).item(), dist, device):
+                if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
                     return stats, True
                 loss.backward()
                 if micro:
                     for key, value in metrics.items():
                         stats.setdefault(key, []).append(float(value))
             grad_norm = torch.nn.utils.clip_grad_norm_(u.params, cfg.optim.max_grad_norm)
-            if rt.any_rank(not math.isfinite(float(grad_norm)), dist, device):
+            if parallel.any_rank(not math.isfinite(float(grad_norm)), dist, device):
                 return stats, True
             stats.setdefault("grad_norm", []).append(float(grad_norm))
             # A mini-batch whose advantages are all 0 has an exactly-zero gradient (on every
@@ -122,7 +121,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
 
 
 def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device, *, rows: list[int] | None = None,
-          dist: rt.Dist | None = None) -> Tensor:
+          dist: parallel.Dist | None = None) -> Tensor:
     """Log-probs of ``rows`` (default: every rollout) under the current weights, without grad.
 
     A sharded (FSDP) scorer's forward is a collective: given ``dist``, every process runs as
@@ -133,8 +132,8 @@ def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device
     size = cfg.optim.micro_batch_size
     chunks = math.ceil(len(every) / size)
     if dist is not None and dist.on and parallel.is_sharded(scorer):
-        chunks = parallel.all_max(chunks, dist.world, device)
-    with torch.no_grad(), rt.autocast(device, cfg.model_opts.bf16):
+        chunks = parallel.all_max(chunks, dist, device)
+    with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16):
         for c in range(chunks):
             chunk = every[c * size : (c + 1) * size]
             ids, attn, tgt, mask, n = take(data, chunk or [0], device)
@@ -153,23 +152,13 @@ def take(data: PaddedBatch, rows: list[int], device: torch.device) -> tuple[Any,
 
 
 def normaliser(data: PaddedBatch, rows: list[int], agg: str) -> float:
-    """The mini-batch's token count (token-mean) or sequence count (seq-mean)."""
-    if not rows:
-        return 1.0
-    if agg == "token-mean":
-        return max(float(data.mask[rows].sum()), 1.0)
-    if agg == "seq-mean":
-        return max(float((data.mask[rows].sum(-1) > 0).sum()), 1.0)
-    return 1.0
+    """The mini-batch's ``aggregation_size`` (at least 1)."""
+    return max(aggregation_size(data.mask[rows], agg), 1.0) if rows else 1.0
 
 
 def micro_share(data: PaddedBatch, rows: list[int], norm: float, agg: str) -> float:
     """Scale a micro-batch's own mean so that the accumulated sum is the mini-batch's mean."""
-    if not rows or agg == "constant":
-        return 1.0
-    if agg == "token-mean":
-        return float(data.mask[rows].sum()) / norm
-    return float((data.mask[rows].sum(-1) > 0).sum()) / norm
+    return aggregation_size(data.mask[rows], agg) / norm if rows else 1.0
 
 
 def logprob_gap(data: PaddedBatch, logp: Tensor) -> float:

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
 
+from treegym import cli_bench
+from treegym.agents import cli_eval, cli_serve
+from treegym.envs import cli_play
+from treegym.envs.web import cli_web
 from treegym.errors import TreegymError
+from treegym.integrations import cli_serve_env
+from treegym.retrieval_index import cli_data, cli_index
+from treegym.study import cli_study
+from treegym.trainers import cli_sft, cli_train
 
 # Each module defines ``add_commands(subparsers)``; every parser it adds sets ``func``.
-COMMAND_MODULES = [
-    "treegym.envs.cli_play",
-    "treegym.cli_bench",
-    "treegym.retrieval_index.cli_index",
-    "treegym.retrieval_index.cli_data",
-    "treegym.envs.web.cli_web",
-    "treegym.trainers.cli_train",
-    "treegym.trainers.cli_sft",
-    "treegym.agents.cli_eval",
-    "treegym.agents.cli_serve",
-    "treegym.study.cli_study",
-    "treegym.integrations.cli_serve_env",
-]
+COMMAND_MODULES = [cli_play, cli_bench, cli_index, cli_data, cli_web, cli_train, cli_sft, cli_eval, cli_serve,
+                   cli_study, cli_serve_env]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Forkable ReAct environments and tree-search RL trainers for LLM agents.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
+    for module in COMMAND_MODULES:
+        module.add_commands(sub)
     return parser
 
 

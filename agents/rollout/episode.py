@@ -22,7 +22,8 @@ class Episode:
     """What happened in one episode.
 
     reward: the sum of the env's step rewards. turns: actions taken. tool_calls: tool calls
-    those actions made. info: the env's info after the last step (after reset if none).
+    those actions made. invalid: per action, whether the env could not parse it
+    (``info["invalid_action"]``). info: the env's info after the last step (after reset if none).
     error: ``None``, or the agent's (or env's) exception as ``"episode ID: Type: message"``.
     """
 
@@ -36,6 +37,7 @@ class Episode:
     terminated: bool = False
     truncated: bool = False
     traceback: str | None = field(default=None, repr=False)
+    invalid: tuple[bool, ...] = ()
 
 
 def run_episode(
@@ -56,6 +58,7 @@ def run_episode(
     eid = episode_id if episode_id is not None else (f"seed={seed}" if options is None else f"seed={seed} options={options}")
     messages: list[Message] = []
     reward, turns, tool_calls = 0.0, 0, 0
+    invalid: list[bool] = []
     info: dict[str, Any] = {}
     terminated = truncated = False
     try:
@@ -71,11 +74,14 @@ def run_episode(
             obs, r, terminated, truncated, info = env.step(action)
             tool_calls = int(info.get("tool_calls", tool_calls))
             turns += 1
+            invalid.append(bool(info.get("invalid_action", False)))
             reward += float(r)
             if obs or not (terminated or truncated):
                 messages.append({"role": "user", "content": obs})
     except Exception as exc:  # an agent's failure is this episode's result, not the caller's crash
         return Episode(eid, messages, reward, turns, tool_calls, dict(info),
                        error=f"episode {eid}: {type(exc).__name__}: {exc}",
-                       terminated=terminated, truncated=truncated, traceback=traceback.format_exc())
-    return Episode(eid, messages, reward, turns, tool_calls, dict(info), None, terminated, truncated)
+                       terminated=terminated, truncated=truncated, traceback=traceback.format_exc(),
+                       invalid=tuple(invalid))
+    return Episode(eid, messages, reward, turns, tool_calls, dict(info), None, terminated, truncated,
+                   invalid=tuple(invalid))

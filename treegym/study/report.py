@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from treegym.agents.eval import bootstrap_interval
+from treegym.stats import bootstrap_interval
 
 BOOTSTRAP = 4000
 

@@ -103,7 +103,7 @@ def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
         return {**base, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
     shutil.rmtree(result.folder, ignore_errors=True)  # the record holds all the study needs
     steps = [h for h in result.history if "reward" in h]
-    evals = [h for h in result.history if "eval_em" in h]
+    evals = [h for h in result.history if "eval_success" in h]
 
     def mean(key: str) -> float:
         xs = [h[key] for h in steps if key in h]
@@ -115,17 +115,17 @@ def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
         **base,
         "steps": result.steps, "tokens": result.tokens_total, "trajectories": trajectories,
         "tool_calls": sum(h["tool_calls"] for h in steps), "env_steps": sum(h["env_steps"] for h in steps),
-        "success_before": evals[0]["eval_em"] if evals else None,
-        "success_before_t1": evals[0].get("eval_em_t1") if evals else None,
-        "success": evals[-1]["eval_em"] if evals else None,
-        "success_t1": evals[-1].get("eval_em_t1") if evals else None,
-        "curve": [(h["tokens_total"], h["eval_em"], h.get("eval_em_t1")) for h in evals],
+        "success_before": evals[0]["eval_success"] if evals else None,
+        "success_before_t1": evals[0].get("eval_success_t1") if evals else None,
+        "success": evals[-1]["eval_success"] if evals else None,
+        "success_t1": evals[-1].get("eval_success_t1") if evals else None,
+        "curve": [(h["tokens_total"], h["eval_success"], h.get("eval_success_t1")) for h in evals],
         # Held-out success (T=1) against every budget currency, at each evaluation.
         "currency_curve": [{"tokens": h["tokens_total"], "tool_calls": h.get("tool_calls_total", 0),
                             "trainer_tokens": h.get("trainer_tokens_total", 0),
                             "modelled_seconds": h.get("seconds_total", 0.0)
                             + MODELLED_TOOL_LATENCY * h.get("tool_rounds_total", 0),
-                            "success_t1": h.get("eval_em_t1")} for h in evals],
+                            "success_t1": h.get("eval_success_t1")} for h in evals],
         "trainer_tokens": sum(h.get("trainer_tokens", 0) for h in steps),
         "tool_rounds": sum(h.get("tool_rounds", 0) for h in steps),
         # Wall time with every tool call costing MODELLED_TOOL_LATENCY s; a step's calls run at once.

@@ -1,4 +1,4 @@
-"""A run folder's outputs: metrics as JSONL (+ TensorBoard, optional W&B) and plots.
+"""A run folder's metrics: JSONL (+ TensorBoard, optional W&B), and their plots.
 
 Layout of a run folder::
 
@@ -6,7 +6,7 @@ Layout of a run folder::
     metrics.jsonl      one JSON object per logged step
     tb/                TensorBoard events
     checkpoints/       step_N.pt (see treegym.trainers.checkpoint)
-    plots/             reward and EM against step and against generated tokens
+    plots/             reward and success against step and generated tokens; phases.png
     trees.html         the last step's rollout trees (when the HTML view is available)
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from treegym.errors import MissingPackageError
 
 
-class RunLog:
+class MetricsLog:
     """Append-only metrics sink: JSONL always, TensorBoard and W&B when asked."""
 
     def __init__(self, folder: Path, *, tensorboard: bool = True, wandb: bool = False,
@@ -65,9 +65,14 @@ class RunLog:
             self._wandb.finish()
 
 
+# Names that older runs logged success under: a resumed run reads them as today's.
+OLD_NAMES = {"em": "success", "eval_em": "eval_success", "eval_em_t1": "eval_success_t1"}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics file. A line that is not a JSON object (a run killed mid-append
-    leaves a torn last line) is skipped with a warning: the steps it logged are redone."""
+    """The rows of a metrics file (older names read as ``OLD_NAMES`` says). A line that is not
+    a JSON object (a run killed mid-append leaves a torn last line) is skipped with a warning:
+    the steps it logged are redone."""
     if not path.exists():
         return []
     rows, bad = [], 0
@@ -79,7 +84,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             row = None
         if isinstance(row, dict):
-            rows.append(row)
+            rows.append({OLD_NAMES.get(k, k): v for k, v in row.items()})
         else:
             bad += 1
     if bad:
@@ -95,18 +100,24 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def plot_metrics(folder: Path, keys: tuple[str, ...] = ("reward", "em")) -> list[Path]:
-    """Plot each key against step and against cumulative generated tokens; return the files."""
-    rows = [r for r in read_metrics(folder / "metrics.jsonl") if "reward" in r]
-    if not rows:
-        return []
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, or None (with a warning) without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        warnings.warn("matplotlib is not installed: no plots (pip install matplotlib)", stacklevel=2)
+        warnings.warn("matplotlib is not installed: no plots (pip install matplotlib)", stacklevel=3)
+        return None
+    return plt
+
+
+def plot_metrics(folder: Path, keys: tuple[str, ...] = ("reward", "success")) -> list[Path]:
+    """Plot each key against step and against cumulative generated tokens; return the files."""
+    rows = [r for r in read_metrics(folder / "metrics.jsonl") if "reward" in r]
+    plt = _pyplot() if rows else None
+    if plt is None:
         return []
     out_dir = folder / "plots"
     out_dir.mkdir(exist_ok=True)
@@ -127,3 +138,24 @@ def plot_metrics(folder: Path, keys: tuple[str, ...] = ("reward", "em")) -> list
         plt.close(fig)
         files.append(path)
     return files
+
+
+def plot_phases(phases: dict[str, Any], path: Path, title: str) -> None:
+    """Held-out success of each phase (``heldout.phase_summary``) with its 95% interval."""
+    names = list(phases["phases"])
+    plt = _pyplot() if names else None
+    if plt is None:
+        return
+    rates = [phases["phases"][n]["success"] for n in names]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(names), 3.4))
+    ax.errorbar(range(len(names)), [e[0] for e in rates],
+                yerr=[[e[0] - e[1] for e in rates], [e[2] - e[0] for e in rates]], marker="o", capsize=4)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel(f"held-out EM / success (n={phases['phases'][names[0]]['n']})")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

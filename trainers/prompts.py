@@ -1,0 +1,68 @@
+"""The envs and prompts of a run: its training variant, the training prompt stream, the
+held-out prompts (the set ``treegym eval`` plays too) and the sampling parameters."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import gymnasium as gym
+
+from treegym.agents.rollout.scoring import heldout_prompts
+from treegym.envs import registry as env_registry
+from treegym.trainers.config import TrainConfig
+
+
+def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> Any:
+    """The sampler section as ``SamplingParams`` (``temperature``/``top_p`` override it: evals)."""
+    from treegym.agents.policy import SamplingParams
+
+    s = cfg.sampler
+    return SamplingParams(temperature=s.temperature if temperature is None else temperature,
+                          top_p=s.top_p if top_p is None else top_p, max_new_tokens=s.max_new_tokens,
+                          ignore_eos=s.ignore_eos)
+
+
+def train_env_id(cfg: TrainConfig) -> str:
+    """The id the run trains on: the env's registered training variant, if it has one."""
+    return env_registry.training_id(cfg.env)
+
+
+def train_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The env kwargs of a training run: the variant's, under the user's ``env_kwargs``."""
+    return {**env_registry.env_kwargs(train_env_id(cfg)), **cfg.env_kwargs}
+
+
+def make_env(cfg: TrainConfig, split: str) -> gym.Env:
+    """One env of the run's training variant on ``split``, with the sampler's turn budget."""
+    return env_registry.make(train_env_id(cfg), split, max_turns=cfg.sampler.max_turns, **cfg.env_kwargs)
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
+    from treegym.agents.models import resolve_model_folder
+
+    cls = env_registry.env_class(cfg.env)
+    env_registry.resolve_split(cls, cfg.env, cfg.run.train_split)
+    if cfg.run.eval_n:
+        env_registry.resolve_split(cls, cfg.env, cfg.run.eval_split)
+    resolve_model_folder(cfg.model)
+
+
+def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:
+    """Prompts ``start .. start+count`` of the training stream: a reshuffled pass per epoch."""
+    out = []
+    for pos in range(start, start + count):
+        if ids is None:
+            out.append(1_000_003 * (seed + 1) + pos)
+            continue
+        epoch, i = divmod(pos, len(ids))
+        order = list(range(len(ids)))
+        random.Random(seed * 7919 + epoch).shuffle(order)
+        out.append({"task_id": ids[order[i]]})
+    return out
+
+
+def eval_prompts(cfg: TrainConfig, eval_env: gym.Env) -> list[Any]:
+    """The run's ``run.eval_n`` held-out prompts: the set ``treegym eval --n`` plays on the same split."""
+    return heldout_prompts(env_registry.task_ids(eval_env), cfg.run.eval_n)

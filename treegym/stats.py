@@ -1,0 +1,58 @@
+"""Intervals and paired gains: the statistics eval, the trainers and the study report with.
+
+A leaf module: it imports no treegym layer, so every layer (and the face) can import it.
+Wilson score intervals for 0/1 rates (success, EM), which stay inside [0, 1] and behave at
+small n; a seeded percentile bootstrap for means (F1, turns, tool calls, well-formed share)
+and for paired differences on the same tasks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95% confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def wilson_interval(values: Sequence[float], z: float = Z95) -> Interval:
+    """Wilson score interval of a rate of 0/1 outcomes (fractional values count as they are)."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    p = float(sum(values)) / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
+
+
+def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int = 0) -> Interval:
+    """Percentile-bootstrap 95% interval of a mean."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    return Interval(float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
+
+
+def paired_difference(after: Sequence[float], before: Sequence[float]) -> Interval:
+    """Mean of ``after[i] - before[i]`` over the same tasks, with its 95% bootstrap interval."""
+    if len(after) != len(before):
+        raise ValueError(f"a paired difference needs the same tasks: {len(after)} vs {len(before)}")
+    return bootstrap_interval([a - b for a, b in zip(after, before)])
