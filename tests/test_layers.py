@@ -19,7 +19,8 @@ LAYERS = {"retrieval_index": 0, "envs": 1, "agents": 2, "trainers": 3}
 # Under every layer; each imports nothing of treegym's but the others here.
 BASE = {"treegym.errors", "treegym.paths", "treegym.options", "treegym.stats"}
 # The functions that load a user's ``module:name`` spec: the one place a computed import belongs.
-USER_SPECS = {("envs/registry.py", "env_class"), ("agents/resolve.py", "import_agent")}
+USER_SPECS = {("envs/registry.py", "env_class"), ("agents/resolve.py", "import_agent"),
+              ("agents/rollout/branching.py", "get_rule")}
 
 
 def _layer_of_module(name: str) -> int | None:
