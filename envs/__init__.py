@@ -20,7 +20,16 @@ from treegym.envs.core import (
     base_env,
 )
 from treegym.envs.pool import EnvPool
-from treegym.envs.registry import ENV_IDS, VARIANTS, Family, family, make, register_envs, register_family, training_id
+from treegym.envs.registry import (
+    ENV_IDS,
+    VARIANTS,
+    Family,
+    family,
+    make,
+    register_envs,
+    register_family,
+    training_id,
+)
 
 
 def fork(env: gym.Env) -> gym.Env:
