@@ -128,3 +128,14 @@ def test_summary_gives_each_phase_gain_of_the_score_and_of_the_well_formed_rate(
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
     table = summary_table(cfg, "smollm2", result, SimpleNamespace(examples=8, cached=True, seconds=0.0), phases)
     assert re.search(r"gain untrained -> after RL\s+\+12\.5 pts \[.*\]  well-formed \+75\.0 pts \[\+75\.0, \+75\.0\]", table)
+
+
+def test_warm_start_key_names_the_sft_section_only_where_it_is_off_its_defaults() -> None:
+    from treegym.trainers.recipe import warm_start_config, warm_start_key
+
+    cfg = load_config(overrides=[("env", "TextHousehold-v0")])
+    assert "sft" not in warm_start_key(cfg)  # a default config keeps the key its cached model has
+    assert warm_start_key(load_config(overrides=[("sft.lr", 3e-4)])) == warm_start_key(load_config())  # not the warm start's
+    assert warm_start_key(load_config(overrides=[("sft.epochs", 2)]))["sft"] == {"epochs": 2}
+    ws = warm_start_config(cfg, Path("/tmp/ws"))
+    assert (ws.sft.episodes, ws.sft.lr, ws.run.eval_n, ws.sampler.max_turns) == (128, 2e-4, 0, 10)

@@ -42,7 +42,7 @@ and --config reads a YAML file of them.
 
 EXAMPLES = """\
 examples:
-  treegym sft --out runs/sft-smollm2               # 64 heuristic episodes, 1 epoch (2 CPU cores: minutes)
+  treegym sft --out runs/sft-smollm2               # each option at its default (2 CPU cores: minutes)
   treegym train --model runs/sft-smollm2           # then RL from the warm-started model
   treegym eval --agent runs/sft-smollm2 --env TreeSearchQA-v0 --n 50
   treegym eval --agent oracle --env TreeSearchQA-v0 --split train --n 300 --out traces/

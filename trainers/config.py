@@ -126,22 +126,16 @@ class RunConfig:
 
 @dataclass
 class SFTConfig:
-    """``treegym sft`` and the warm start: imitation of a scripted expert (or of traces) before RL.
-
-    The env, model, seed, turn budget and length, context mode, splits, held-out prompts, device
-    and LoRA are the run's own (``env``, ``sampler.*``, ``run.*``, ``model_opts.*``), so SFT plays
-    exactly the episodes RL will. The warm start of ``treegym train`` runs ``warm_start_episodes``
-    at its own learning rate (``recipe.WARM_START_LR``) with no held-out scores of its own.
-    """
+    """``treegym sft`` and the warm start: imitating a scripted expert (or traces) before RL. The env,
+    model, seed, turns, splits, held-out prompts, device and LoRA are the run's own fields, so SFT
+    plays exactly the episodes RL will (the warm start: ``recipe.warm_start_config``)."""
 
     out: str = opt("runs/sft-smollm2", "treegym sft: the model folder to write")
     expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or a name the family lists "
                       "(heuristic, oracle)")
     traces: str = opt("", "read episodes from this traces.jsonl (or its folder; `treegym eval --out DIR` writes one) "
                       "instead of running an expert")
-    # 2 CPU cores run ~50-100 episode tokens/s forward+backward, and one episode is ~590
-    # tokens: 64 episodes (52 kept), one epoch, trained in 610 s here, and that was enough to
-    # learn the format (well-formed actions 14% -> 100%). A GPU runs it in seconds.
+    # 64 QA episodes (52 kept), one epoch: 610 s on 2 CPU cores, well-formed actions 14% -> 100%.
     episodes: int = opt(64, "treegym sft: expert episodes to run")
     keep_wrong: bool = opt(False, "also imitate episodes that did not succeed")
     epochs: int = opt(1, "passes over the episodes")
@@ -245,10 +239,8 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
             hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
             raise ConfigError(f"unknown config field {path!r}{hint}; valid fields: {', '.join(sorted(paths))}")
         path = matches[0]
-    *parents, leaf = path.split(".")
-    obj: Any = cfg
-    for p in parents:
-        obj = getattr(obj, p)
+    parent, _, leaf = path.rpartition(".")
+    obj = get_path(cfg, parent)
     setattr(obj, leaf, _coerce(path, value, _field_type(type(obj), leaf)))
 
 
@@ -287,9 +279,7 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check choices and ranges; raise ConfigError naming the field and its valid values."""
     for path, f in leaf_paths().items():
-        obj: Any = cfg
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(cfg, path)
         choices = f.metadata.get("choices")
         if choices and obj not in choices:
             raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, choices))}")
@@ -302,9 +292,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer", "sft.episodes",
                 "sft.epochs", "sft.batch_size", "sft.micro_batch_size", "sft.lr"]  # fmt: skip
     for path in positive:
-        obj = cfg
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(cfg, path)
         if obj <= 0:
             raise ConfigError(f"config field {path}: must be > 0, got {obj}")
     if cfg.sampler.temperature <= 0:
@@ -401,9 +389,7 @@ def help_text() -> str:
     lines = []
     defaults = TrainConfig()
     for path, f in leaf_paths().items():
-        obj: Any = defaults
-        for p in path.split("."):
-            obj = getattr(obj, p)
+        obj = get_path(defaults, path)
         choices = f.metadata.get("choices")
         extra = f" {{{','.join(map(str, choices))}}}" if choices else ""
         lines.append(f"  --{path}={obj!r}{extra}\n        {f.metadata.get('help', '')}")
@@ -421,16 +407,16 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
 
     paths, defaults = leaf_paths(), TrainConfig()
     for flag, path in flags.items():
-        f = paths[path]
-        default = get_path(defaults, path)
+        meta, default = paths[path].metadata, get_path(defaults, path)
         family = " when the env family sets none" if path in FAMILY_FIELDS else ""
-        help_ = f"{f.metadata.get('help', '')} (default {default!r}{family}; config field {path})".replace("%", "%%")
-        kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_,
-                                  "metavar": type(default).__name__.upper()}
+        help_ = f"{meta.get('help', '')} (default {default!r}{family}; config field {path})".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_}
         if default is False:
-            kwargs.update(action="store_const", const="true", metavar=None)
-        elif f.metadata.get("choices"):
-            kwargs.update(choices=[str(c) for c in f.metadata["choices"]], metavar=None)
+            kwargs.update(action="store_const", const="true")
+        elif meta.get("choices"):
+            kwargs.update(choices=[str(c) for c in meta["choices"]])
+        else:
+            kwargs.update(metavar=type(default).__name__.upper())
         parser.add_argument(f"--{flag}", **kwargs)
 
 

@@ -68,32 +68,25 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
     from treegym.trainers.runtime import train_env_kwargs
 
-    s = cfg.sampler
-    return {
+    s, defaults = cfg.sampler, SFTConfig()
+    # sft settings off their defaults (so a default config keeps the key, and the cached model, it
+    # had before SFT was a config section); out, episodes and lr are the warm start's own
+    changed = {k: v for k, v in dataclasses.asdict(cfg.sft).items()
+               if k not in ("out", "episodes", "lr") and v != getattr(defaults, k)}  # fmt: skip
+    key = {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
         "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
         "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, WARM_START_EVAL],
-        # the sft section's settings that differ from their defaults (a default config's key, and
-        # so its cached model, is the one it was before the section existed)
-        **({"sft": changed} if (changed := _changed_sft(cfg)) else {}),
     }  # fmt: skip
-
-
-def _changed_sft(cfg: TrainConfig) -> dict[str, Any]:
-    """The warm start's sft settings that differ from their defaults (``out``, ``episodes`` and
-    ``lr`` are the warm start's own: ``warm_start_config``)."""
-    defaults = dataclasses.asdict(SFTConfig())
-    return {k: v for k, v in dataclasses.asdict(cfg.sft).items()
-            if k not in ("out", "episodes", "lr") and v != defaults[k]}  # fmt: skip
+    return {**key, "sft": changed} if changed else key
 
 
 def warm_start_config(cfg: TrainConfig, out: Path) -> TrainConfig:
-    """The SFT run a warm start is: ``cfg`` with the warm start's episodes and learning rate, all
-    weights trained (LoRA, if any, is for RL), and no held-out scores of its own (the untrained
-    model's are measured apart, on the run's prompts)."""
+    """The SFT run a warm start is: ``cfg`` with its episodes and learning rate, all weights trained
+    (LoRA is for RL) and no held-out scores (the untrained model's are measured apart)."""
     ws = copy.deepcopy(cfg)
     ws.sft.out, ws.sft.episodes, ws.sft.lr = str(out), cfg.warm_start_episodes, WARM_START_LR
     ws.run.eval_n = 0
