@@ -12,8 +12,8 @@ from treegym.options import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
-    "(heuristic/oracle resolve per env: the QA agents on TreeSearchQA/WebSearchQA, the expert "
-    "walkthrough as oracle on TextHousehold)"
+    "(heuristic/oracle: the scripted agents the env family's record lists, e.g. the QA agents on "
+    "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold)"
 )
 
 

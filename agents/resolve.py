@@ -2,10 +2,9 @@
 
 Specs:
 
-- ``heuristic``: ``HeuristicQAAgent`` on the QA envs (TreeSearchQA, WebSearchQA); the
-  household package's heuristic agent on TextHousehold when it provides one.
-- ``oracle``: ``OracleQAAgent`` on the QA envs; ``HouseholdOracle`` (the expert walkthrough)
-  on TextHousehold.
+- ``heuristic`` or ``oracle``: the scripted agent of that name that the env's family record lists
+  (``treegym.envs.registry.Family.experts``: e.g. ``HeuristicQAAgent`` on the QA envs, the
+  household heuristic on TextHousehold).
 - ``smollm2`` or a local HF model folder: an ``HFPolicy`` (a token-level policy).
 - ``openai:URL`` or ``openai:URL#model``: an OpenAI-compatible chat agent.
 - ``module:callable``: an attribute of an importable module. A class is instantiated with no
@@ -61,16 +60,13 @@ def resolve_agent(spec: str, env_id: str) -> ResolvedAgent:
 
 
 def scripted_agent(name: str, env_id: str) -> Any:
-    """The heuristic or oracle agent of ``env_id``."""
-    if env_id.startswith(("TreeSearchQA", "WebSearchQA")):
-        from treegym.agents.scripted import HeuristicQAAgent, OracleQAAgent
+    """A new scripted agent ``name`` of ``env_id``'s family (its record's ``experts``)."""
+    from treegym.envs.registry import family
 
-        return HeuristicQAAgent() if name == "heuristic" else OracleQAAgent()
-    if env_id.startswith("TextHousehold"):
-        from treegym.agents.household import HouseholdHeuristic, HouseholdOracle
-
-        return HouseholdHeuristic() if name == "heuristic" else HouseholdOracle()
-    raise ConfigError(f"no scripted {name} agent for {env_id}")
+    experts = family(env_id).experts
+    if name not in experts:
+        raise ConfigError(f"no scripted {name} agent for {env_id} (its family lists: {', '.join(experts) or 'none'})")
+    return import_agent(experts[name])
 
 
 def openai_agent(target: str) -> Any:

@@ -20,7 +20,16 @@ from treegym.envs.core import (
     base_env,
 )
 from treegym.envs.pool import EnvPool
-from treegym.envs.registry import ENV_IDS, VARIANTS, make, register_envs, training_id
+from treegym.envs.registry import (
+    ENV_IDS,
+    VARIANTS,
+    Family,
+    family,
+    make,
+    register_envs,
+    register_family,
+    training_id,
+)
 
 
 def fork(env: gym.Env) -> gym.Env:
@@ -86,6 +95,7 @@ def restore(env: gym.Env, snap: Snapshot) -> None:
 __all__ = [
     "ENV_IDS",
     "EnvPool",
+    "Family",
     "ForkableEnv",
     "NotForkableError",
     "Plan",
@@ -96,10 +106,12 @@ __all__ = [
     "UnicodeText",
     "VARIANTS",
     "base_env",
+    "family",
     "fork",
     "make",
     "public_info",
     "register_envs",
+    "register_family",
     "restore",
     "snapshot",
     "training_id",
