@@ -138,7 +138,7 @@ class TRLEnv(EnvTools):
         """Take one turn in the environment and return what it shows next.
 
         Args:
-            action: your whole turn, written as the task's instructions ask.
+            action: your whole turn, written as the task's instructions ask, e.g. a search or an answer in their tags.
         """
         return self._turn(action)
 
