@@ -226,8 +226,9 @@ class ProbeMazeEnv(ProbeEnv):
 
     obs_words = 2
 
-    def __init__(self, horizon: int = 8, doors: int | None = None, choices: int = 2, key_seed: int = 0) -> None:
-        super().__init__(horizon, choices, key_seed)
+    def __init__(self, horizon: int = 8, doors: int | None = None, choices: int = 2, key_seed: int = 0,
+                 render_mode: str | None = None) -> None:
+        super().__init__(horizon, choices, key_seed, render_mode)
         doors = horizon if doors is None else doors  # no slack: a lock that says when a move is wrong
         if not 1 <= doors <= horizon:
             raise ConfigError(f"ProbeMazeEnv: doors must be in 1..horizon ({horizon}), got {doors}")
