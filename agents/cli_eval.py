@@ -12,8 +12,8 @@ from treegym.options import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
-    "(heuristic/oracle resolve per env: the QA agents on TreeSearchQA/WebSearchQA, the expert "
-    "walkthrough as oracle on TextHousehold)"
+    "(heuristic/oracle: the scripted agents the env family's record lists, e.g. the QA agents on "
+    "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold)"
 )
 
 
@@ -36,8 +36,11 @@ def add_commands(subparsers: Any) -> None:
                    help="policy agents: also sample Tree-GRPO trees (m=2 n=2 l=1 k=3) and write trees.html")
     p.add_argument("--tree-prompts", type=int, default=4, help="tasks to grow trees for with --trees (default 4)")
     p.add_argument("--max-turns", type=int, default=None, help="cap on turns per episode (default: the env's)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="policy agents: tokens per turn (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="policy agents: 0 = greedy (default)")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="policy and openai: agents: tokens per turn (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="policy and openai: agents: 0 = greedy (default)")
+    p.add_argument("--model", default=None,
+                   help="openai:URL agents: the model to ask for (default: the server's only model; URL#model wins)")
     p.add_argument("--mode", choices=("chat", "raw"), default="chat", help="policy agents: context format")
     p.add_argument("--env-kwargs", default=None,
                    help='JSON of extra env arguments, e.g. \'{"corpus_limit": 300}\'')
@@ -54,7 +57,7 @@ def run_eval(args: argparse.Namespace) -> int:
         args.agent, args.env, args.n, split=args.split, seed=args.seed, out=args.out, trees=args.trees,
         env_kwargs=env_kwargs, max_turns=args.max_turns,
         params=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
-        mode=args.mode, tree_prompts=args.tree_prompts, progress=not args.no_progress,
+        mode=args.mode, tree_prompts=args.tree_prompts, progress=not args.no_progress, model=args.model,
     )
     if args.json:
         print(json.dumps(report_dict(report), indent=2))

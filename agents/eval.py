@@ -157,6 +157,7 @@ def evaluate(
     batch_size: int = 16,
     tree_prompts: int = 4,
     progress: bool = True,
+    model: str | None = None,
 ) -> EvalReport:
     """Run ``agent`` on ``n`` tasks of ``env_id`` and summarise.
 
@@ -174,6 +175,8 @@ def evaluate(
         params: sampling of policy agents (default: greedy, 128 new tokens).
         mode: context format of policy agents, ``chat`` or ``raw``.
         seed: the tree search's seed (``trees``).
+        model: the model an ``openai:URL`` agent asks for (``URL#model`` wins); default: the
+            server's only model.
     """
     if n < 1:
         raise ConfigError(f"n must be at least 1, got {n}")
@@ -182,12 +185,13 @@ def evaluate(
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"--out {out} is a file; pass a folder (it gets traces.jsonl and report.json)")
     # The agent first: a bad spec should fail before an index is built.
-    resolved = resolve_agent(agent, env_id) if isinstance(agent, str) else ResolvedAgent(str(type(agent).__name__), agent)
+    params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
+    resolved = (resolve_agent(agent, env_id, params=params, model=model) if isinstance(agent, str)
+                else ResolvedAgent(str(type(agent).__name__), agent))
     if trees and not resolved.is_policy:
         raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
     env = envs.make(env_id, split, **(env_kwargs or {}))
     prompts = chosen_prompts(env, n)
-    params = params or SamplingParams(temperature=0.0, max_new_tokens=128)
     out_dir = Path(out) if out is not None else None
     files: dict[str, str] = {}
     bar = progress_bar(n, f"eval {resolved.name}", progress)

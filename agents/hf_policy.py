@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,13 @@ import torch
 from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.sampling import find_stop, sample_tokens
-from treegym.errors import ConfigError
+from treegym.errors import ConfigError, TreegymError
+
+CANCEL_EVERY = 4  # tokens between two cancel() checks: a socket poll costs microseconds, a token milliseconds
+
+
+class GenerationCancelled(TreegymError):
+    """``generate(..., cancel=...)`` stopped because ``cancel()`` said so."""
 
 
 @dataclass
@@ -107,8 +113,11 @@ class HFPolicy:
 
     # -- public API -------------------------------------------------------------------------
 
-    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
-        """Sample one continuation per context; contexts may share prefixes (reused, not rerun)."""
+    def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams,
+                 cancel: Callable[[], bool] | None = None) -> list[Generation]:
+        """Sample one continuation per context; contexts may share prefixes (reused, not rerun).
+        ``cancel`` is asked every few tokens; when it says True, generation stops with
+        ``GenerationCancelled`` (a server's client has gone)."""
         rows = [list(map(int, c)) for c in contexts]
         if any(len(r) == 0 for r in rows):
             raise ConfigError("every context needs at least one token")
@@ -136,7 +145,7 @@ class HFPolicy:
                 chunk = rows[start : start + self.max_batch_size]
                 if self.reuse_prefix:
                     self._prefill_branch_points(chunk)
-                out.extend(self._sample(chunk, params, generator))
+                out.extend(self._sample(chunk, params, generator, cancel))
             self.stats.calls += 1
         return out
 
@@ -244,7 +253,8 @@ class HFPolicy:
     # -- decoding ---------------------------------------------------------------------------
 
     def _sample(
-        self, contexts: list[list[int]], params: SamplingParams, generator: torch.Generator
+        self, contexts: list[list[int]], params: SamplingParams, generator: torch.Generator,
+        cancel: Callable[[], bool] | None = None,
     ) -> list[Generation]:
         batch = self._prefill(contexts, [len(c) - 1 for c in contexts])
         size = len(contexts)
@@ -270,6 +280,8 @@ class HFPolicy:
             self.stats.generated_tokens += len(active)
             if not keep:
                 break
+            if cancel is not None and len(tokens[active[0]]) % CANCEL_EVERY == 0 and cancel():
+                raise GenerationCancelled(f"generation cancelled after {len(tokens[active[0]])} tokens")
             if len(keep) < len(active):
                 index = torch.tensor(keep, device=self.device)
                 batch.cache.batch_select_indices(index)

@@ -2,10 +2,9 @@
 
 Specs:
 
-- ``heuristic``: ``HeuristicQAAgent`` on the QA envs (TreeSearchQA, WebSearchQA); the
-  household package's heuristic agent on TextHousehold when it provides one.
-- ``oracle``: ``OracleQAAgent`` on the QA envs; ``HouseholdOracle`` (the expert walkthrough)
-  on TextHousehold.
+- ``heuristic`` or ``oracle``: the scripted agent of that name that the env's family record lists
+  (``treegym.envs.registry.Family.experts``: e.g. ``HeuristicQAAgent`` on the QA envs, the
+  household heuristic on TextHousehold).
 - ``smollm2`` or a local HF model folder: an ``HFPolicy`` (a token-level policy).
 - ``openai:URL`` or ``openai:URL#model``: an OpenAI-compatible chat agent.
 - ``module:callable``: an attribute of an importable module. A class is instantiated with no
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from treegym.agents.base import Agent
-from treegym.agents.policy import Policy
+from treegym.agents.policy import Policy, SamplingParams
 from treegym.errors import ConfigError
 
 SCRIPTED = ("heuristic", "oracle")
@@ -38,15 +37,18 @@ class ResolvedAgent:
         return isinstance(self.obj, Policy) and not isinstance(self.obj, Agent)
 
 
-def resolve_agent(spec: str, env_id: str) -> ResolvedAgent:
-    """The agent that ``spec`` names, for ``env_id`` (see the module docstring)."""
+def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = None,
+                  model: str | None = None) -> ResolvedAgent:
+    """The agent that ``spec`` names, for ``env_id`` (see the module docstring). An ``openai:``
+    agent samples with ``params`` (temperature, max_new_tokens) and asks for ``model`` unless
+    the URL names one (``#model``)."""
     spec = spec.strip()
     if not spec:
         raise ConfigError("empty agent spec; use heuristic, oracle, smollm2, a model folder, openai:URL or module:callable")
     if spec in SCRIPTED:
         return ResolvedAgent(spec, scripted_agent(spec, env_id))
     if spec.startswith("openai:"):
-        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :]))
+        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model))
     if spec.lower() == "smollm2" or Path(spec).expanduser().is_dir():
         from treegym.agents.hf_policy import HFPolicy
 
@@ -61,28 +63,27 @@ def resolve_agent(spec: str, env_id: str) -> ResolvedAgent:
 
 
 def scripted_agent(name: str, env_id: str) -> Any:
-    """The heuristic or oracle agent of ``env_id``."""
-    if env_id.startswith(("TreeSearchQA", "WebSearchQA")):
-        from treegym.agents.scripted import HeuristicQAAgent, OracleQAAgent
+    """A new scripted agent ``name`` of ``env_id``'s family (its record's ``experts``)."""
+    from treegym.envs.registry import family
 
-        return HeuristicQAAgent() if name == "heuristic" else OracleQAAgent()
-    if env_id.startswith("TextHousehold"):
-        from treegym.agents.household import HouseholdHeuristic, HouseholdOracle
-
-        return HouseholdHeuristic() if name == "heuristic" else HouseholdOracle()
-    raise ConfigError(f"no scripted {name} agent for {env_id}")
+    experts = family(env_id).experts
+    if name not in experts:
+        raise ConfigError(f"no scripted {name} agent for {env_id} (its family lists: {', '.join(experts) or 'none'})")
+    return import_agent(experts[name])
 
 
-def openai_agent(target: str) -> Any:
-    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent``."""
-    url, _, model = target.partition("#")
+def openai_agent(target: str, *, params: SamplingParams | None = None, model: str | None = None) -> Any:
+    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent`` sampling with ``params`` (default: its own);
+    ``#model`` wins over ``model``."""
+    url, _, named = target.partition("#")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"openai agent needs an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#model; got {url!r}")
     try:
         from treegym.agents.openai_agent import OpenAIChatAgent
     except ImportError as exc:
         raise ConfigError(f"the OpenAI-compatible agent is not available: {exc}") from exc
-    return OpenAIChatAgent(url, model=model or None)
+    sampling = {} if params is None else {"temperature": params.temperature, "max_tokens": params.max_new_tokens}
+    return OpenAIChatAgent(url, model=named or model or None, **sampling)
 
 
 def import_agent(spec: str) -> Any:

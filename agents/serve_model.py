@@ -4,26 +4,31 @@ Speaks the subset of the OpenAI protocol that agents use: ``POST /v1/chat/comple
 (chat template applied), ``POST /v1/completions`` (raw prompt) and ``GET /v1/models``.
 It honours ``max_tokens``, ``temperature``, ``top_p``, ``stop`` and ``seed``; like OpenAI and
 vLLM, the returned text does not include the stop string that ended it. Bad requests get a
-4xx JSON error body. Requests are served by threads; the policy generates one at a time.
+4xx JSON error body. Requests are served by threads; the policy generates one at a time, and
+stops a request's generation when its client disconnects (a client timeout, Ctrl-C).
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from treegym.agents.chat import chat_prompt_ids, text_ids
-from treegym.agents.hf_policy import HFPolicy
+from treegym.agents.hf_policy import GenerationCancelled, HFPolicy
 from treegym.agents.policy import Generation, SamplingParams
 from treegym.errors import TreegymError
 
 MAX_BODY_BYTES = 4 << 20
 MAX_TOKENS_LIMIT = 8192
+Cancel = Callable[[], bool]
 
 
 class RequestError(Exception):
@@ -93,8 +98,8 @@ class ModelService:
         self.policy = policy
         self.model_name = model_name
 
-    def complete(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        gen: Generation = self.policy.generate([prompt_ids], params)[0]
+    def complete(self, prompt_ids: list[int], params: SamplingParams, cancel: Cancel | None = None) -> Completion:
+        gen: Generation = self.policy.generate([prompt_ids], params, cancel=cancel)[0]
         text = gen.text
         if gen.finish_reason == "stop":
             for stop in params.stop:
@@ -103,10 +108,10 @@ class ModelService:
                     break
         return Completion(text, gen.finish_reason, len(prompt_ids), len(gen.token_ids))
 
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def chat(self, body: dict[str, Any], cancel: Cancel | None = None) -> dict[str, Any]:
         messages = parse_messages(body)
         params = parse_sampling(body)
-        done = self.complete(chat_prompt_ids(self.policy.tokenizer, messages), params)
+        done = self.complete(chat_prompt_ids(self.policy.tokenizer, messages), params, cancel)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": done.text},
@@ -115,14 +120,14 @@ class ModelService:
         }
         return self._envelope("chat.completion", "chatcmpl", choice, done)
 
-    def text(self, body: dict[str, Any]) -> dict[str, Any]:
+    def text(self, body: dict[str, Any], cancel: Cancel | None = None) -> dict[str, Any]:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise RequestError(400, "'prompt' must be a non-empty string")
         params = parse_sampling(body)
-        done = self.complete(text_ids(self.policy.tokenizer, prompt), params)
+        done = self.complete(text_ids(self.policy.tokenizer, prompt), params, cancel)
         choice = {"index": 0, "text": done.text, "finish_reason": done.finish_reason, "logprobs": None}
         return self._envelope("text_completion", "cmpl", choice, done)
 
@@ -142,6 +147,18 @@ class ModelService:
                 "total_tokens": done.prompt_tokens + done.completion_tokens,
             },
         }
+
+
+def client_gone(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed it (or reset it). A client that sends more (a
+    pipelined request) is still there."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _handler_for(service: ModelService) -> type[BaseHTTPRequestHandler]:
@@ -166,13 +183,20 @@ def _handler_for(service: ModelService) -> type[BaseHTTPRequestHandler]:
             try:
                 if path not in routes:
                     raise RequestError(404, f"no route POST {self.path}", "not_found_error")
-                payload = routes[path](self._body())
+                payload = routes[path](self._body(), cancel=self._client_gone)
+            except GenerationCancelled:
+                self.close_connection = True  # nobody is left to answer
+                return
             except RequestError as exc:
                 self._error(exc)
             except Exception as exc:  # a bug or a model failure must still answer the client
                 self._error(RequestError(500, f"{type(exc).__name__}: {exc}", "server_error"))
             else:
                 self._reply(200, payload)
+
+        def _client_gone(self) -> bool:
+            """Whether the client closed its connection: readable, and a peek reads end of stream."""
+            return client_gone(self.connection)
 
         def _body(self) -> dict[str, Any]:
             length = int(self.headers.get("Content-Length") or 0)

@@ -31,8 +31,7 @@ from treegym.agents.rollout.scoring import heldout_from_batch
 from treegym.envs import registry as env_registry
 from treegym.trainers.config import load_config
 from treegym.trainers.prompts import make_env
-from treegym.trainers.recipe import expert_for
-from treegym.trainers.sft import SFTConfig, run_sft
+from treegym.trainers.sft import run_sft
 
 
 def _write_traces(tok, batch, path: Path, limit: int = 8) -> None:
@@ -68,10 +67,10 @@ def main() -> None:
         episodes, epochs, lr, batch_size = spec.split(":")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(args.keep) / spec.replace(":", "_") if args.keep else Path(tmp) / "m"
-            sft = SFTConfig(out=str(out), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs),
-                            expert=expert_for(cfg.env), episodes=int(episodes), epochs=int(epochs), lr=float(lr),
-                            batch_size=int(batch_size), micro_batch_size=min(4, int(batch_size)), max_turns=s.max_turns,
-                            max_new_tokens=s.max_new_tokens, mode=s.context_mode, eval_n=0, seed=args.seed)
+            sft = load_config(None, [("env", args.env), ("sft.out", str(out)), ("sft.episodes", episodes),
+                                     ("sft.epochs", epochs), ("sft.lr", lr), ("sft.batch_size", batch_size),
+                                     ("sft.micro_batch_size", min(4, int(batch_size))), ("run.eval_n", 0),
+                                     ("seed", args.seed), ("model_opts.device", "cpu")])
             t0 = time.perf_counter()
             result = run_sft(sft, progress=False, log=lambda *_: None)
             seconds = time.perf_counter() - t0

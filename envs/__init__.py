@@ -20,7 +20,16 @@ from treegym.envs.core import (
     base_env,
 )
 from treegym.envs.pool import EnvPool
-from treegym.envs.registry import ENV_IDS, VARIANTS, make, register_envs, training_id
+from treegym.envs.registry import (
+    ENV_IDS,
+    VARIANTS,
+    Family,
+    family,
+    make,
+    register_envs,
+    register_family,
+    training_id,
+)
 
 
 def fork(env: gym.Env) -> gym.Env:
@@ -73,19 +82,56 @@ def public_info(env: gym.Env, info: dict) -> dict:
     return {k: v for k, v in info.items() if k not in labels}
 
 
+def _wrapper_chain(env: gym.Env) -> list[gym.Wrapper]:
+    chain = []
+    while isinstance(env, gym.Wrapper):
+        chain.append(env)
+        env = env.env
+    return chain
+
+
+def _wrapper_state(wrapper: gym.Wrapper) -> tuple[tuple[str, object], ...]:
+    # What fork copies (see _copy_wrapper), as a value: the wrapper's own attributes, mutable
+    # ones deep-copied so that later steps do not reach into the snapshot. A bookkeeping
+    # wrapper's flags record checks done once per wrapper (PassiveEnvChecker), not the episode.
+    if type(wrapper) in _BOOKKEEPING:
+        return ()
+    return tuple(sorted(
+        (key, value if type(value) in _ATOMIC else copy.deepcopy(value))
+        for key, value in wrapper.__dict__.items()
+        if key not in _SHARED_KEYS and not isinstance(value, _SHARED)
+    ))
+
+
 def snapshot(env: gym.Env) -> Snapshot:
-    """``env.unwrapped.snapshot()``, for an env made by ``gym.make``."""
-    return base_env(env).snapshot()
+    """The state of ``env`` (made by ``gym.make``, or any wrappers over a treegym env): the treegym
+    env's ``snapshot()`` plus each wrapper's own state, as ``fork`` carries it."""
+    snap = base_env(env).snapshot()
+    chain = _wrapper_chain(env)
+    if not chain:
+        return snap
+    wrappers = tuple((type(w).__qualname__, _wrapper_state(w)) for w in chain)
+    return Snapshot(snap.env_class, snap.state, wrappers)
 
 
 def restore(env: gym.Env, snap: Snapshot) -> None:
-    """``env.unwrapped.restore(snap)``, for an env made by ``gym.make``."""
-    base_env(env).restore(snap)
+    """Put ``env`` and its wrappers back into ``snap``'s state (``snapshot(env)``'s). A snapshot
+    without wrapper state (an env's own ``snapshot()``) restores the treegym env alone."""
+    inner = base_env(env)
+    chain = _wrapper_chain(env)
+    if snap.wrappers and [name for name, _ in snap.wrappers] != [type(w).__qualname__ for w in chain]:
+        raise ValueError(f"snapshot of an env wrapped in {[name for name, _ in snap.wrappers]} cannot restore one "
+                         f"wrapped in {[type(w).__qualname__ for w in chain]}")
+    inner.restore(snap)
+    for wrapper, (_, attrs) in zip(chain, snap.wrappers):
+        for key, value in attrs:
+            setattr(wrapper, key, value if type(value) in _ATOMIC else copy.deepcopy(value))
 
 
 __all__ = [
     "ENV_IDS",
     "EnvPool",
+    "Family",
     "ForkableEnv",
     "NotForkableError",
     "Plan",
@@ -96,10 +142,12 @@ __all__ = [
     "UnicodeText",
     "VARIANTS",
     "base_env",
+    "family",
     "fork",
     "make",
     "public_info",
     "register_envs",
+    "register_family",
     "restore",
     "snapshot",
     "training_id",

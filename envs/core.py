@@ -115,10 +115,17 @@ class ToolError:
 
 @dataclass(frozen=True)
 class Snapshot(Generic[StateT]):
-    """An env's state at one moment. Immutable and picklable; restoring it is exact."""
+    """An env's state at one moment. Immutable and picklable; restoring it is exact.
+
+    ``wrappers`` holds the state of the wrappers above the env, outermost first, as
+    ``(wrapper class name, ((attribute, value), ...))``; ``treegym.envs.snapshot`` fills it for
+    an env made by ``gym.make`` (a TimeLimit's step count, RecordEpisodeStatistics' counters),
+    and ``treegym.envs.restore`` puts it back. An env's own ``snapshot()`` leaves it empty.
+    """
 
     env_class: str
     state: StateT
+    wrappers: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
 
 
 @dataclass(frozen=True)

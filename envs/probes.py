@@ -86,13 +86,14 @@ class ProbeEnv(ForkableEnv[ProbeState]):
         horizon: turns per episode.
         choices: legal moves per turn (the first ``choices`` of ``SYMBOLS``).
         key_seed: seeds the fixed key sequence (Keys, Lock); task seeds draw Lookup's key.
+        render_mode: None or ``"ansi"`` (``render()`` returns the turn and the right count).
     """
 
     dense = False
     obs_words = 1  # words per observation (the probe model's context length is sized by it)
 
-    def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0) -> None:
-        super().__init__(max_obs_chars=16, max_action_chars=4096)
+    def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0, render_mode: str | None = None) -> None:
+        super().__init__(max_obs_chars=16, max_action_chars=4096, render_mode=render_mode)
         if not 1 <= horizon <= 16:
             raise ConfigError(f"{type(self).__name__}: horizon must be in 1..16, got {horizon}")
         if not 2 <= choices <= len(SYMBOLS):
@@ -171,8 +172,8 @@ class ProbeKeysEnv(ProbeEnv):
 
     dense = True
 
-    def __init__(self, horizon: int = 4, choices: int = 4, key_seed: int = 0) -> None:
-        super().__init__(horizon, choices, key_seed)
+    def __init__(self, horizon: int = 4, choices: int = 4, key_seed: int = 0, render_mode: str | None = None) -> None:
+        super().__init__(horizon, choices, key_seed, render_mode)
 
 
 class ProbeLockEnv(ProbeEnv):
@@ -193,8 +194,8 @@ class ProbeLookupEnv(ProbeEnv):
     move: the key has to be carried across them in the context.
     """
 
-    def __init__(self, horizon: int = 2, choices: int = 4, key_seed: int = 0) -> None:
-        super().__init__(horizon, choices, key_seed)
+    def __init__(self, horizon: int = 2, choices: int = 4, key_seed: int = 0, render_mode: str | None = None) -> None:
+        super().__init__(horizon, choices, key_seed, render_mode)
         if self.horizon < 2:
             raise ConfigError("ProbeLookupEnv: horizon must be at least 2 (look, then answer)")
         self.tools = {"lookup": LookupTool()}
@@ -225,8 +226,9 @@ class ProbeMazeEnv(ProbeEnv):
 
     obs_words = 2
 
-    def __init__(self, horizon: int = 8, doors: int | None = None, choices: int = 2, key_seed: int = 0) -> None:
-        super().__init__(horizon, choices, key_seed)
+    def __init__(self, horizon: int = 8, doors: int | None = None, choices: int = 2, key_seed: int = 0,
+                 render_mode: str | None = None) -> None:
+        super().__init__(horizon, choices, key_seed, render_mode)
         doors = horizon if doors is None else doors  # no slack: a lock that says when a move is wrong
         if not 1 <= doors <= horizon:
             raise ConfigError(f"ProbeMazeEnv: doors must be in 1..horizon ({horizon}), got {doors}")

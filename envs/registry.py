@@ -1,5 +1,13 @@
-"""The one way treegym makes an env: ids, their registered variants, splits, and the factory that
-train, eval, play and SFT all call.
+"""The one way treegym makes an env: each family's record, its registered ids and variants, splits,
+and the factory that train, eval, play and SFT all call.
+
+An env family declares its settings once, in a ``Family`` record registered with it
+(``register_family``): the policy's turn budget and turn length, the scripted experts and the one a
+warm start imitates, the training variant, and the name of its score. Its splits, held-out split
+and action stops are the env class's own (``splits``, ``eval_split``, ``action_stops``), and the
+record reads them from there. ``treegym train``, ``sft``, ``eval`` and ``play`` read the record;
+nothing above this layer keeps a per-env table. A new family is its own files plus one
+``register_family`` call.
 
 A per-use default is a registered variant with its kwargs, as Gymnasium does it (``FrozenLake8x8``
 is ``FrozenLake`` with ``map_name="8x8"``): ``TreeSearchQA-Train-v0`` is ``TreeSearchQA-v0`` on BM25
@@ -12,54 +20,144 @@ The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import gymnasium as gym
 
 from treegym.errors import ConfigError, TreegymError
 
-ENV_IDS = ("TreeSearchQA-v0", "WebSearchQA-v0", "TextHousehold-v0")
 
-_ENTRY_POINTS = {
-    "TreeSearchQA-v0": "treegym.envs.tree_search_qa:TreeSearchQAEnv",
-    "WebSearchQA-v0": "treegym.envs.web_search_qa:WebSearchQAEnv",
-    "TextHousehold-v0": "treegym.envs.household.env:TextHouseholdEnv",
-}
+@dataclass(frozen=True)
+class Family:
+    """One env family's settings, declared once and read by every command.
 
-# id -> (base id, kwargs): the variants an env registers for one use.
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "TreeSearchQA-Train-v0": ("TreeSearchQA-v0", {"index": "bm25", "format_score": True}),
-    "WebSearchQA-Train-v0": ("WebSearchQA-v0", {"format_score": True}),
-    "TextHousehold-Train-v0": ("TextHousehold-v0", {"invalid_penalty": 0.1}),
-}
+    ``None`` in a training default means "the trainer's own default". ``experts`` maps a name
+    (``heuristic``, ``oracle``) to the ``module:attr`` of a scripted agent, loaded by
+    ``treegym.agents.resolve`` the way ``entry_point`` is. ``splits``, ``eval_split`` and
+    ``action_stops`` are left None here and filled from the env class by ``family()``.
+    """
+
+    id: str  # the base id, e.g. "TextHousehold-v0"
+    entry_point: str  # "module:Class"
+    max_turns: int | None = None  # the policy's turn budget (train's sampler.max_turns)
+    max_new_tokens: int | None = None  # tokens per turn
+    max_context_tokens: int | None = None
+    warm_start_episodes: int | None = None
+    experts: Mapping[str, str] = field(default_factory=dict)
+    expert: str | None = None  # the expert a warm start imitates (a key of ``experts``)
+    training: str | None = None  # the id of the variant the family trains on
+    training_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    score: str = "success"  # what its held-out score is called ("EM" on QA envs)
+    splits: tuple[str, ...] | None = None
+    eval_split: str | None = None
+    action_stops: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "experts", MappingProxyType(dict(self.experts)))
+        object.__setattr__(self, "training_kwargs", MappingProxyType(dict(self.training_kwargs)))
+        if self.expert is not None and self.expert not in self.experts:
+            raise ValueError(f"family {self.id}: its expert {self.expert!r} is not one of its experts {list(self.experts)}")
+
+
+FAMILIES: dict[str, Family] = {}
+# id -> (base id, kwargs): the variants the families register for one use (filled by register_family).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {}
+_resolved: dict[str, Family] = {}  # family() results, with what the env class says filled in
+
+
+def register_family(fam: Family) -> Family:
+    """Record ``fam`` and register its id (and training variant) with gymnasium (idempotent)."""
+    FAMILIES[fam.id] = fam
+    if fam.training is not None:
+        VARIANTS[fam.training] = (fam.id, dict(fam.training_kwargs))
+    for env_id, kwargs in ((fam.id, {}), *(((fam.training, dict(fam.training_kwargs)),) if fam.training else ())):
+        if env_id not in gym.registry:
+            # The env owns its turn budget (max_turns), so no TimeLimit wrapper.
+            gym.register(id=env_id, entry_point=fam.entry_point, kwargs=kwargs, disable_env_checker=False)
+    _resolved.pop(fam.id, None)
+    return fam
+
+
+_QA_EXPERTS = {"heuristic": "treegym.agents.scripted:HeuristicQAAgent", "oracle": "treegym.agents.scripted:OracleQAAgent"}
+
+register_family(Family(
+    id="TreeSearchQA-v0", entry_point="treegym.envs.tree_search_qa:TreeSearchQAEnv",
+    max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24,
+    experts=_QA_EXPERTS, expert="heuristic", score="EM",
+    training="TreeSearchQA-Train-v0", training_kwargs={"index": "bm25", "format_score": True},
+))
+register_family(Family(
+    id="WebSearchQA-v0", entry_point="treegym.envs.web_search_qa:WebSearchQAEnv",
+    max_turns=3, max_new_tokens=48,  # search, browse, answer
+    experts=_QA_EXPERTS, expert="heuristic", score="EM",
+    training="WebSearchQA-Train-v0", training_kwargs={"format_score": True},
+))
+register_family(Family(
+    # 128 heuristic episodes (about 90 solved in 10 turns and kept), chosen on 32 tuning tasks that
+    # the run does not report (benchmarks/tune_warm_start.py): 64 / 128 / 192 episodes gave success
+    # 0.0% / 3.1% / 0.0% and well-formed actions 83% / 67% / 68%, in 180 / 323 / 485 s of SFT.
+    id="TextHousehold-v0", entry_point="treegym.envs.household.env:TextHouseholdEnv",
+    max_turns=10, max_new_tokens=16, max_context_tokens=1536, warm_start_episodes=128,
+    experts={"heuristic": "treegym.agents.household:HouseholdHeuristic",
+             "oracle": "treegym.agents.household:HouseholdOracle"},
+    expert="heuristic", score="success",
+    training="TextHousehold-Train-v0", training_kwargs={"invalid_penalty": 0.1},
+))  # fmt: skip
+
+ENV_IDS = tuple(FAMILIES)
 
 
 def register_envs() -> None:
-    """Register treegym's ids and variants with gymnasium (idempotent)."""
+    """Register treegym's probe envs with gymnasium (idempotent; the families register themselves
+    with ``register_family``)."""
     from treegym.envs.probes import PROBE_IDS
 
-    for env_id, entry_point in {**_ENTRY_POINTS, **PROBE_IDS}.items():
+    for env_id, entry_point in PROBE_IDS.items():
         if env_id not in gym.registry:
-            # The env owns its turn budget (max_turns), so no TimeLimit wrapper.
             gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
-    for env_id, (base, kwargs) in VARIANTS.items():
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=_ENTRY_POINTS[base], kwargs=dict(kwargs), disable_env_checker=False)
-
-
-def training_id(env_id: str) -> str:
-    """The variant an env trains on (``X-Train-vN`` when registered), else ``env_id`` itself."""
-    name, sep, version = env_id.rpartition("-")
-    variant = f"{name}-Train-{version}" if sep else env_id
-    return variant if variant in VARIANTS else env_id
 
 
 def base_id(env_id: str) -> str:
     """The id a registered variant is a variant of (``TextHousehold-Train-v0`` ->
     ``TextHousehold-v0``); any other id is its own base."""
     return VARIANTS[env_id][0] if env_id in VARIANTS else env_id
+
+
+def family(env_id: str) -> Family:
+    """The family record of ``env_id`` (a family's id, its training variant, or any other env:
+    ``module:Class`` or an id registered elsewhere gets a record with no training defaults and no
+    expert), with its splits, held-out split and action stops read from the env class."""
+    base = base_id(env_id)
+    if base in _resolved:
+        return _resolved[base]
+    cls = env_class(base)
+    fam = FAMILIES.get(base) or Family(id=base, entry_point=base, score=_default_score(cls))
+    splits = getattr(cls, "splits", None)
+    fam = dataclasses.replace(
+        fam, splits=tuple(splits) if splits is not None else None, eval_split=getattr(cls, "eval_split", "dev"),
+        action_stops=tuple(getattr(cls, "action_stops", ())),
+    )
+    if base in FAMILIES:  # a module:Class may change between calls (tests); a registered family does not
+        _resolved[base] = fam
+    return fam
+
+
+def _default_score(cls: Any) -> str:
+    from treegym.envs.qa_env import QAEnv
+
+    return "EM" if isinstance(cls, type) and issubclass(cls, QAEnv) else "success"
+
+
+def training_id(env_id: str) -> str:
+    """The variant an env trains on (its family's ``training``), else ``env_id`` itself."""
+    fam = FAMILIES.get(env_id)
+    return fam.training if fam is not None and fam.training else env_id
 
 
 def env_kwargs(env_id: str) -> dict[str, Any]:
@@ -79,7 +177,7 @@ def env_class(spec: str) -> Any:
             raise ConfigError(f"env {spec!r}: cannot import {name} from {module} ({exc})") from None
     register_envs()
     if spec not in gym.registry:
-        ours = ", ".join((*ENV_IDS, *VARIANTS))
+        ours = ", ".join((*FAMILIES, *VARIANTS))
         raise ConfigError(f"env {spec!r} is not registered (treegym envs: {ours}); or pass module:Class")
     ep = gym.registry[spec].entry_point
     if isinstance(ep, str):
@@ -96,21 +194,18 @@ def task_ids(env: gym.Env) -> list[Any] | None:
 
 
 def score_name(env_id: str) -> str:
-    """What an env's held-out score is called: ``EM`` for QA envs (an answer string is graded),
-    ``success`` for every other env."""
-    from treegym.envs.qa_env import QAEnv
-
-    cls = env_class(env_id)
-    return "EM" if isinstance(cls, type) and issubclass(cls, QAEnv) else "success"
+    """What an env's held-out score is called: its family's ``score`` (``EM`` for QA envs)."""
+    return family(env_id).score
 
 
-def resolve_split(cls: Any, env_id: str, split: str) -> str:
-    """``auto`` -> the env's held-out split; an unknown split is a ConfigError naming the valid ones."""
-    splits = getattr(cls, "splits", None)
+def resolve_split(env_id: str, split: str) -> str:
+    """``auto`` -> the env family's held-out split; an unknown split is a ConfigError naming the valid ones."""
+    fam = family(env_id)
     if split == "auto":
-        return getattr(cls, "eval_split", "dev")
-    if splits is not None and split not in splits and split not in getattr(cls, "split_aliases", ()):
-        raise ConfigError(f"env {env_id!r} has no split {split!r}; its splits: {', '.join(splits)}")
+        return fam.eval_split or "dev"
+    aliases = getattr(env_class(fam.entry_point), "split_aliases", ())
+    if fam.splits is not None and split not in fam.splits and split not in aliases:
+        raise ConfigError(f"env {env_id!r} has no split {split!r}; its splits: {', '.join(fam.splits)}")
     return split
 
 
@@ -124,7 +219,7 @@ def make(env_id: str, split: str | None = None, *, max_turns: int | None = None,
     except (TypeError, ValueError):
         params = {}
     if split is not None and "split" not in kwargs:
-        split = resolve_split(cls, env_id, split)
+        split = resolve_split(env_id, split)
         if "split" in params:
             kwargs["split"] = split
     if max_turns is not None and "max_turns" in params and "max_turns" not in kwargs:

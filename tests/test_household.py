@@ -294,13 +294,13 @@ def test_heuristic_searches_only_where_the_goal_object_can_be_and_number_one_fir
 
 def test_heuristic_is_the_household_warm_start_expert_and_solves_most_tasks_in_its_turn_budget():
     from treegym.agents.resolve import scripted_agent
+    from treegym.envs.registry import family
     from treegym.trainers.config import load_config
-    from treegym.trainers.recipe import EXPERTS
     from treegym.trainers.sft_data import collect_episodes
 
     # The oracle walks to where an object is hidden, which the text never shows: a model cannot
     # imitate that. The warm start imitates the heuristic, which plays from the text.
-    assert EXPERTS["TextHousehold-v0"] == "heuristic"
+    assert family("TextHousehold-v0").expert == "heuristic"
     turns = load_config(None, [("env", "TextHousehold-v0")]).sampler.max_turns
     env = TextHouseholdEnv(split="train")
     prompts = [{"task_id": t} for t in _sample("train", 5, seed=7)]

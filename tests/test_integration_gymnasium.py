@@ -10,13 +10,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 import treegym  # noqa: F401  (registers the ids)
-from treegym.envs import fork
+from treegym.envs import fork, restore, snapshot
 
 KEYS = {"horizon": 2, "choices": 2}  # ProbeKeys: say the turn's key (A or B), 0.5 per right turn
 NO_SHARED_MEMORY = {"shared_memory": False}
@@ -110,3 +111,75 @@ def test_gym_make_with_the_module_prefix_needs_no_import_of_treegym() -> None:
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# ---- snapshot and restore carry the wrappers' state, as fork does ----------------------------
+
+
+def test_restore_through_time_limit_puts_its_step_count_back() -> None:
+    env = gym.make("ProbeKeys-v0", horizon=8, max_episode_steps=4)
+    env.reset(seed=0)
+    env.step("A")
+    snap = snapshot(env)
+    for _ in range(2):
+        env.step("A")
+    assert env.get_wrapper_attr("_elapsed_steps") == 3
+    restore(env, snap)
+    assert env.get_wrapper_attr("_elapsed_steps") == 1
+    truncations = [env.step("A")[3] for _ in range(3)]
+    assert truncations == [False, False, True]  # steps 2, 3, 4 of 4: the restored episode ends on time
+    restore(env, snap)  # a snapshot is a value: it restores the same state twice
+    assert env.get_wrapper_attr("_elapsed_steps") == 1
+
+
+def test_restore_through_record_episode_statistics_puts_its_counters_back() -> None:
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make("ProbeKeys-v0", **KEYS))
+    env.reset(seed=0)
+    env.step(keys()[0])
+    snap = snapshot(env)
+    *_, info = env.step(keys()[1])
+    assert info["episode"]["r"] == 1.0 and env.episode_count == 1 and len(env.return_queue) == 1
+    restore(env, snap)
+    assert (env.episode_count, env.episode_returns, env.episode_lengths, len(env.return_queue)) == (0, 0.5, 1, 0)
+    *_, info = env.step(wrong(keys()[1]))
+    assert info["episode"]["r"] == 0.5 and info["episode"]["l"] == 2 and list(env.return_queue) == [0.5]
+
+
+def test_a_wrapped_snapshot_pickles_and_refuses_a_differently_wrapped_env() -> None:
+    import pickle
+
+    env = gym.make("ProbeKeys-v0", horizon=8, max_episode_steps=4)
+    env.reset(seed=0)
+    env.step("A")
+    snap = pickle.loads(pickle.dumps(snapshot(env)))
+    env.step("A")
+    restore(env, snap)
+    assert env.get_wrapper_attr("_elapsed_steps") == 1
+    bare = gym.make("ProbeKeys-v0", horizon=8)
+    bare.reset(seed=0)
+    with pytest.raises(ValueError, match="cannot restore one wrapped in"):
+        restore(bare, snap)
+    restore(bare, bare.unwrapped.snapshot())  # an env's own snapshot restores under any wrappers
+
+
+# ---- gymnasium's env checker passes on every registered id ----------------------------------
+
+LIGHT = {"TreeSearchQA": {"index": "bm25", "corpus_limit": 200}, "WebSearchQA": {"cache": False}}
+
+
+def registered_ids() -> list[str]:
+    return sorted(i for i, spec in gym.registry.items()
+                  if isinstance(spec.entry_point, str) and spec.entry_point.startswith("treegym."))
+
+
+@pytest.mark.parametrize("env_id", registered_ids())
+def test_check_env_passes_with_render_mode_on_every_registered_id(env_id: str) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    kwargs = next((v for k, v in LIGHT.items() if env_id.startswith(k)), {})
+    env = gym.make(env_id, render_mode="ansi", **kwargs)
+    assert env.render_mode == "ansi"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env.unwrapped)
+    assert isinstance(env.unwrapped.render(), str)

@@ -245,3 +245,46 @@ def test_the_command_serves_until_stopped():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_accepted_connections_set_tcp_nodelay(server):
+    # Without it every small answer on a keep-alive connection waits ~40 ms for the client's delayed ACK.
+    assert server.socket.proto == socket.IPPROTO_TCP
+    with requests.Session() as http:
+        assert http.get(f"{server.url}/health", timeout=10).status_code == 200
+        connections = list(server.server.server_state.connections)
+        assert connections
+        for conn in connections:
+            sock = conn.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_reset_takes_gymnasium_options(server_factory):
+    server = server_factory("TextHousehold-v0")
+    task_ids = requests.get(f"{server.url}/tasks", timeout=10).json()["task_ids"]
+    local = gym.make("TextHousehold-v0").reset(options={"task_id": task_ids[2]})[0]
+    with TreegymEnvClient(server.url).sync() as env:
+        assert env.reset(options={"task_id": task_ids[2]}).observation.text == local
+        assert env.state().task_id == task_ids[2]
+        drawn = env.reset(seed=3, options={"task_types": ["pick_and_place_simple"]})
+        assert env.state().task_id.startswith("train") and "put" in drawn.observation.text.lower()
+    over_http = requests.post(f"{server.url}/reset", json={"options": {"task_id": task_ids[2]}}, timeout=10).json()
+    assert over_http["observation"]["text"] == local
+
+
+def test_the_async_with_form_of_openenvs_readme_drives_the_server(server):
+    import asyncio
+
+    async def play() -> list[float]:
+        async with GenericEnvClient(base_url=server.url) as client:  # OpenEnv README's first example
+            result = await client.reset(seed=0)
+            assert result.observation["text"] == "go"
+            return [(await client.step({"text": move})).reward for move in "AB"]
+
+    env = gym.make(ENV)
+    env.reset(seed=0)
+    assert asyncio.run(play()) == [env.step(m)[1] for m in "AB"]
+    # The plain `with GenericEnvClient(...)` of its docstrings is refused by openenv-core itself;
+    # docs/integrations.md shows `with GenericEnvClient(...).sync() as env` instead.
+    with pytest.raises(TypeError, match=r"\.sync\(\)"):
+        GenericEnvClient(base_url=server.url).__enter__()

@@ -130,3 +130,142 @@ def test_base_url_gets_v1_and_rejects_non_http():
 def test_serve_model_command_is_registered_with_help():
     args = build_parser().parse_args(["serve-model", "--port", "8123"])
     assert args.port == 8123 and args.model == "smollm2" and callable(args.func)
+
+
+# ---- OpenAI-compatible servers of other kinds: one model and no /models, streaming only -------
+
+
+@pytest.fixture
+def openai_like():
+    """Start a real loopback server that answers chat completions the way ``kind`` says:
+    ``models`` is what GET /v1/models lists (None: no such route), ``sse_only`` refuses a request
+    without ``stream: true`` and answers in Server-Sent Events. It records every request body."""
+    started = []
+
+    def start(models: list[str] | None = None, sse_only: bool = False, reply: str = "look"):
+        bodies: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, data: bytes, kind: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path.rstrip("/") == "/v1/models" and models is not None:
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": m} for m in models]}).encode())
+                else:
+                    self._send(404, json.dumps({"error": {"message": "no such route"}}).encode())
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                bodies.append(body)
+                if sse_only and not body.get("stream"):
+                    self._send(400, json.dumps({"error": {"message": "this server only streams: set stream to true"}}).encode())
+                elif sse_only:
+                    words = [reply[:2], reply[2:]]
+                    events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+                    events += [{"choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]} for w in words]
+                    events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+                    data = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+                    self._send(200, (": keep-alive\n\n" + data).encode(), "text/event-stream")
+                else:
+                    choice = {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
+                    self._send(200, json.dumps({"choices": [choice]}).encode())
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}", bodies
+
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_eval_sends_max_new_tokens_temperature_and_model_to_an_openai_agent(openai_like, tmp_path, capsys):
+    from treegym.cli import main
+
+    url, bodies = openai_like(models=["a", "b"])
+    argv = ["eval", "--agent", f"openai:{url}", "--env", "TextHousehold-v0", "--n", "1", "--max-turns", "2",
+            "--max-new-tokens", "77", "--temperature", "0.5", "--model", "b", "--no-progress", "--out", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len(bodies) == 2
+    assert all((b["max_tokens"], b["temperature"], b["model"]) == (77, 0.5, "b") for b in bodies)
+    url, bodies = openai_like(models=["a", "b"])
+    assert main([*argv[:2], f"openai:{url}#a", *argv[3:]]) == 0  # URL#model wins over --model
+    assert {b["model"] for b in bodies} == {"a"}
+
+
+def test_the_agent_falls_back_to_the_servers_single_model(openai_like):
+    url, bodies = openai_like(models=["only-one"])
+    agent = OpenAIChatAgent(url, retries=1)
+    assert agent.act(HI) == "look" and agent.model == "only-one" and bodies[-1]["model"] == "only-one"
+    url, bodies = openai_like(models=None)  # no /v1/models at all: a single-model server
+    agent = OpenAIChatAgent(url, retries=1)
+    assert agent.act(HI) == "look" and agent.model is None and "model" not in bodies[-1]
+    url, _ = openai_like(models=["a", "b"])
+    with pytest.raises(EndpointError, match=r"lists 2 models \(a, b\): pass --model"):
+        OpenAIChatAgent(url, retries=1).act(HI)
+
+
+def test_the_agent_reads_a_streaming_only_server(openai_like):
+    url, bodies = openai_like(models=None, sse_only=True, reply="<answer>Paris</answer>")
+    agent = OpenAIChatAgent(url, retries=1, stop=("</answer>",))
+    assert agent.act(HI) == "<answer>Paris</answer>"
+    assert [b.get("stream", False) for b in bodies] == [False, True]
+    assert agent.act(HI) == "<answer>Paris</answer>" and bodies[-1]["stream"] is True  # asked with stream from then on
+
+
+# ---- serve-model stops generating for a client that has gone ---------------------------------
+
+
+def test_serve_model_stops_generating_when_the_client_disconnects():
+    import socket
+    import time
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from treegym.agents.models import smollm2_folder
+
+    tok = AutoTokenizer.from_pretrained(smollm2_folder())
+    torch.manual_seed(0)
+    # A random model says EOS about once in 49k tokens, so a request runs to its max_tokens.
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=8300,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)).eval()
+    policy = HFPolicy(model, tok)
+    srv = ModelServer(ModelService(policy, "tiny"), "127.0.0.1", 0).start()
+    try:
+        body = json.dumps({"prompt": "once upon a time", "max_tokens": 8192, "temperature": 1.0}).encode()
+        client = socket.create_connection(srv.httpd.server_address[:2])
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 60
+        while policy.stats.generated_tokens < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.close()  # the client gives up (a timeout, Ctrl-C)
+        # Generation stops within a few tokens: wait until the count holds still for a second
+        # (on a busy machine a token can take a while), which never happens if it runs on.
+        counts = [policy.stats.generated_tokens]
+        while time.monotonic() < deadline + 60 and (len(counts) < 2 or counts[-1] != counts[-2]):
+            time.sleep(1.0)
+            counts.append(policy.stats.generated_tokens)
+        assert counts[-1] == counts[-2] < 8192, counts
+        # The policy is free again: the next request is answered.
+        answer = requests.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60).json()
+        assert answer["usage"]["completion_tokens"] == 4
+    finally:
+        srv.close()

@@ -17,7 +17,8 @@ from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.cli import main
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.sft import SFTConfig, check_writable, example_loss, run_sft, train_examples
+from treegym.trainers.config import SFTConfig, TrainConfig, load_config
+from treegym.trainers.sft import check_writable, example_loss, run_sft, train_examples
 from treegym.trainers.sft_data import (
     ExpertError,
     collect_episodes,
@@ -126,12 +127,12 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
 
 def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:
     from treegym.agents.resolve import resolve_agent
-    from treegym.trainers.config import load_config
     from treegym.trainers.model import load_trainable_model
 
     out = tmp_path / "sft"
-    cfg = SFTConfig(out=str(out), env_kwargs={"corpus_limit": 300}, episodes=2, epochs=1, batch_size=2,
-                    micro_batch_size=2, eval_n=0)
+    cfg = load_config(None, [("sft.out", str(out)), ("env_kwargs", {"corpus_limit": 300}), ("sft.episodes", 2),
+                             ("sft.batch_size", 2), ("sft.micro_batch_size", 2), ("run.eval_n", 0),
+                             ("model_opts.device", "cpu")])
     result = run_sft(cfg, progress=False, log=lambda _: None)
     assert result.steps == 1 and result.examples >= 1
     meta = json.loads((out / "sft.json").read_text())
@@ -199,16 +200,52 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytes
     assert "line 1" in err and "Traceback" not in err
     assert main(["sft", "--expert", "genius", "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert "unknown expert" in capsys.readouterr().err
-    with pytest.raises(ConfigError):
-        run_sft(SFTConfig(out=str(tmp_path / "o"), epochs=0))
+    with pytest.raises(ConfigError, match="sft.epochs: must be > 0"):
+        run_sft(load_config(None, [("sft.out", str(tmp_path / "o")), ("sft.epochs", 0)]))
+    cfg = TrainConfig()
+    cfg.sft.epochs = 0  # set after loading: run_sft validates what it is given
+    with pytest.raises(ConfigError, match="sft.epochs"):
+        run_sft(cfg)
 
 
-def test_cli_defaults_are_the_config_defaults() -> None:
+def test_cli_options_are_the_config_fields_with_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     from treegym.cli import build_parser
+    from treegym.trainers.cli_sft import FLAGS
+    from treegym.trainers.config import get_path, given_overrides, leaf_paths
 
-    args = build_parser().parse_args(["sft"])
-    d = SFTConfig()
-    for name in ("out", "model", "env", "expert", "episodes", "epochs", "lr", "batch_size", "micro_batch_size",
-                 "max_turns", "max_new_tokens", "mode", "eval_n", "seed", "device"):
-        assert getattr(args, name) == getattr(d, name), name
-    assert (not args.keep_wrong) == d.only_correct and args.lora == d.lora
+    args, _ = build_parser().parse_known_args(["sft"])
+    assert given_overrides(args, FLAGS) == []  # nothing given: every value is the config's
+    assert load_config(None, given_overrides(args, FLAGS)).sft == SFTConfig()
+    assert {p for p in leaf_paths() if p.startswith("sft.")} <= set(FLAGS.values())  # every sft field is a flag
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    defaults = TrainConfig()
+    for flag, path in FLAGS.items():
+        assert f"--{flag}" in out and f"config field {path})" in out
+        assert f"(default {get_path(defaults, path)!r}" in out, flag
+
+
+def test_sft_plays_the_env_familys_turn_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``treegym sft --env TextHousehold-v0`` plays 10-turn episodes of 16 tokens, as train does
+    (it used to play 2 turns, so no heuristic episode was solved and none was kept)."""
+    import treegym.trainers.sft as sft
+    from treegym.cli import build_parser
+    from treegym.trainers.cli_sft import FLAGS
+    from treegym.trainers.config import given_overrides
+
+    seen: dict[str, object] = {}
+
+    def stop_after_collecting(env, expert, prompts, progress=False, max_turns=None):
+        seen["max_turns"] = max_turns
+        episodes = collect_episodes(env, expert, prompts[:4], max_turns=max_turns)
+        seen["solved"] = sum(ep.success for ep in episodes)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(sft, "collect_episodes", stop_after_collecting)
+    args, _ = build_parser().parse_known_args(["sft", "--env", "TextHousehold-v0", "--out", str(tmp_path / "o")])
+    cfg = load_config(None, given_overrides(args, FLAGS))
+    assert (cfg.sampler.max_turns, cfg.sampler.max_new_tokens) == (10, 16)
+    with pytest.raises(SystemExit):
+        run_sft(cfg, progress=False, log=lambda _: None)
+    assert seen["max_turns"] == 10 and seen["solved"] >= 1

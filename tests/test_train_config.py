@@ -126,14 +126,15 @@ def test_a_config_that_is_a_folder_or_binary_is_a_config_error(tmp_path: Path) -
 
 def test_train_help_lists_each_env_familys_defaults_and_training_variant(capsys) -> None:
     from treegym.cli import main
-    from treegym.envs.registry import VARIANTS
-    from treegym.trainers.config import ENV_DEFAULTS
+    from treegym.envs.registry import FAMILIES, VARIANTS
+    from treegym.trainers.config import family_defaults
 
     with pytest.raises(SystemExit) as done:
         main(["train", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    for env_id, values in ENV_DEFAULTS.items():
+    for env_id in FAMILIES:
+        values = family_defaults(env_id)
         line = next(x for x in out.splitlines() if x.strip().startswith(f"{env_id}:"))
         assert all(f"{k}={v}" in line for k, v in values.items())
     for variant, (base, _) in VARIANTS.items():

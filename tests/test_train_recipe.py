@@ -13,26 +13,7 @@ from treegym.cli import main
 from treegym.trainers.config import TrainConfig, load_config
 from treegym.trainers.prompts import make_env
 
-
-@pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1-layer random Llama over SmolLM2's real tokenizer and chat template: it reads and
-    writes the envs' English text, and a training step takes well under a second."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from treegym.agents.models import smollm2_folder
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         tie_word_embeddings=True)  # fmt: skip
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+pytest_plugins = ["model_fixtures"]  # the session-scoped `tiny_chat_model` fixture
 
 
 def _train(tmp_path: Path, *args: str) -> Path:
@@ -148,3 +129,14 @@ def test_summary_gives_each_phase_gain_of_the_score_and_of_the_well_formed_rate(
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
     table = summary_table(cfg, "smollm2", result, SimpleNamespace(examples=8, cached=True, seconds=0.0), phases)  # type: ignore[arg-type]
     assert re.search(r"gain untrained -> after RL\s+\+12\.5 pts \[.*\]  well-formed \+75\.0 pts \[\+75\.0, \+75\.0\]", table)
+
+
+def test_warm_start_key_names_the_sft_section_only_where_it_is_off_its_defaults() -> None:
+    from treegym.trainers.recipe import warm_start_config, warm_start_key
+
+    cfg = load_config(overrides=[("env", "TextHousehold-v0")])
+    assert "sft" not in warm_start_key(cfg)  # a default config keeps the key its cached model has
+    assert warm_start_key(load_config(overrides=[("sft.lr", 3e-4)])) == warm_start_key(load_config())  # not the warm start's
+    assert warm_start_key(load_config(overrides=[("sft.epochs", 2)]))["sft"] == {"epochs": 2}
+    ws = warm_start_config(cfg, Path("/tmp/ws"))
+    assert (ws.sft.episodes, ws.sft.lr, ws.run.eval_n, ws.sampler.max_turns) == (128, 2e-4, 0, 10)

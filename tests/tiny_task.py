@@ -65,31 +65,28 @@ def _die_if_asked() -> None:
     """For crash-recovery tests: SIGKILL this process in the middle of a training step, once its
     run has logged step N (``TINY_KILL_AFTER="<metrics.jsonl>:N"``). The config stays the same
     as the run that resumes it, so the kill lives in the process environment, not in env kwargs."""
-    spec = os.environ.get("TINY_KILL_AFTER")
+    if _logged("TINY_KILL_AFTER"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _logged(var: str) -> bool:
+    """Whether the run named by ``var`` (``"<metrics.jsonl>:N"``) has logged step N."""
+    spec = os.environ.get(var)
     if not spec:
-        return
+        return False
     path, step = spec.rsplit(":", 1)
     try:
-        logged = f'"step": {int(step)},' in Path(path).read_text()
+        return f'"step": {int(step)},' in Path(path).read_text()
     except OSError:
-        return
-    if logged:
-        os.kill(os.getpid(), signal.SIGKILL)
+        return False
 
 
 def _pause_if_asked() -> None:
     """For concurrency tests: hang (a run still going) once the run has logged step N
     (``TINY_PAUSE_AFTER="<metrics.jsonl>:N"``), until the test kills the process."""
-    spec = os.environ.get("TINY_PAUSE_AFTER")
-    if not spec:
-        return
-    path, step = spec.rsplit(":", 1)
-    try:
-        logged = f'"step": {int(step)},' in Path(path).read_text()
-    except OSError:
-        return
-    while logged:
-        time.sleep(1)
+    if _logged("TINY_PAUSE_AFTER"):
+        while True:
+            time.sleep(1)
 
 
 def build_tiny_model(folder: Path, seed: int = 0) -> Path:

@@ -73,3 +73,23 @@ class LeakyToyEnv(ToyEnv):
         obs, r, term, trunc, info = super().resolve(plan, results)
         self.log.append(self.state.total)
         return f"{obs} after {len(self.log)} steps", r, term, trunc, info
+
+
+class ToyExpert:
+    """The toy family's scripted expert: the largest square that still fits, read from the chat."""
+
+    def act(self, messages: Sequence[dict[str, str]]) -> str:
+        target = int(messages[0]["content"].split()[-1])
+        last = messages[-1]["content"] if len(messages) > 1 else "total 0"
+        left = target - int(last.split()[-1])
+        return str(max(k for k in range(1, 8) if k * k <= left)) if left > 0 else "1"
+
+
+def toy_family() -> Any:
+    """ToyEnv as an env family: its record is all a new family adds outside its own files."""
+    from treegym.envs.registry import Family
+
+    return Family(id="ToySquares-v0", entry_point="toy_env:ToyEnv", max_turns=6, max_new_tokens=4,
+                  max_context_tokens=512, warm_start_episodes=4, experts={"heuristic": "toy_env:ToyExpert"},
+                  expert="heuristic", training="ToySquares-Train-v0", training_kwargs={"max_turns": 6},
+                  score="success")

@@ -134,6 +134,29 @@ class RunConfig:
 
 
 @dataclass
+class SFTConfig:
+    """``treegym sft`` and the warm start: imitating a scripted expert (or traces) before RL. The env,
+    model, seed, turns, splits, held-out prompts, device and LoRA are the run's own fields, so SFT
+    plays exactly the episodes RL will (the warm start: ``recipe.warm_start_config``)."""
+
+    out: str = opt("runs/sft-smollm2", "treegym sft: the model folder to write")
+    expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or a name the family lists "
+                      "(heuristic, oracle)")
+    traces: str = opt("", "read episodes from this traces.jsonl (or its folder; `treegym eval --out DIR` writes one) "
+                      "instead of running an expert")
+    # 64 QA episodes (52 kept), one epoch: 610 s on 2 CPU cores, well-formed actions 14% -> 100%.
+    episodes: int = opt(64, "treegym sft: expert episodes to run")
+    keep_wrong: bool = opt(False, "also imitate episodes that did not succeed")
+    epochs: int = opt(1, "passes over the episodes")
+    lr: float = opt(1e-4, "treegym sft: AdamW learning rate (warm-up, then linear decay)")
+    batch_size: int = opt(8, "episodes per optimiser step")
+    micro_batch_size: int = opt(4, "episodes per forward/backward")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    warmup: float = opt(0.1, "share of the optimiser steps that warm the learning rate up")
+    max_grad_norm: float = opt(1.0, "gradient clipping norm")
+
+
+@dataclass
 class TrainConfig:
     algo: str = opt("tree-grpo", "algorithm", ALGORITHMS)
     env: str = opt("TreeSearchQA-v0", "environment id")
@@ -154,6 +177,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     model_opts: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 # ---- load, override, validate ----------------------------------------------------------------
@@ -230,6 +254,8 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
     paths = leaf_paths()
     if path not in paths:
         matches = [p for p in paths if p.rsplit(".", 1)[-1] == path]
+        if len(matches) > 1:  # sft.* is named with its section (or by treegym sft's flags)
+            matches = [p for p in matches if not p.startswith("sft.")] or matches
         if len(matches) != 1:
             hint = f" (did you mean {', '.join(matches)}?)" if matches else ""
             raise ConfigError(f"unknown config field {path!r}{hint}; valid fields: {', '.join(sorted(paths))}")
@@ -284,7 +310,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"config field {path}: must be >= 0, got {obj}")
     positive = ["steps", "prompts_per_step", "sampler.group_size", "sampler.trees", "sampler.leaves",
                 "sampler.max_new_tokens", "sampler.max_turns", "optim.ppo_epochs", "optim.mini_batch_size",
-                "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer"]  # fmt: skip
+                "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer", "sft.episodes",
+                "sft.epochs", "sft.batch_size", "sft.micro_batch_size", "sft.lr"]  # fmt: skip
     for path in positive:
         obj = get_path(cfg, path)
         if obj <= 0:
@@ -298,31 +325,35 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from treegym.agents.rollout.branching import get_rule
 
     get_rule(cfg.sampler.expansion)  # a ConfigError names the registered rules
+    if cfg.sft.warmup > 1:
+        raise ConfigError(f"config field sft.warmup: must be in [0, 1], got {cfg.sft.warmup}")
     return cfg
 
 
-# Defaults that depend on the env, applied under the YAML file and the overrides: each family's
-# turn budget and turn length. (Env keyword defaults, e.g. the QA envs' BM25 index and format
-# score, are the envs' registered training variants: treegym.envs.registry.VARIANTS.)
-ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    # 128 heuristic episodes (about 90 solved in 10 turns and kept), chosen on 32 tuning tasks that
-    # the run does not report (benchmarks/tune_warm_start.py): 64 / 128 / 192 episodes gave success
-    # 0.0% / 3.1% / 0.0% and well-formed actions 83% / 67% / 68%, in 180 / 323 / 485 s of SFT.
-    "TextHousehold-v0": {"sampler.max_turns": 10, "sampler.max_new_tokens": 16, "sampler.max_context_tokens": 1536,
-                         "warm_start_episodes": 128},
-    "WebSearchQA-v0": {"sampler.max_turns": 3, "sampler.max_new_tokens": 48},
-}
+# config path -> the field of the env family's record that sets its default
+FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "max_new_tokens",
+                 "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes"}
+
+
+def family_defaults(env_id: str) -> dict[str, Any]:
+    """The config fields the env's family record sets (``treegym.envs.registry.Family``), applied
+    under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
+    from treegym.envs.registry import FAMILIES, base_id
+
+    fam = FAMILIES.get(base_id(env_id))
+    if fam is None:
+        return {}
+    values = {path: getattr(fam, name) for path, name in FAMILY_FIELDS.items()}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> TrainConfig:
-    """Defaults, the env's defaults (``ENV_DEFAULTS``), the YAML file (if any), the overrides,
+    """Defaults, the env family's (``family_defaults``), the YAML file (if any), the overrides,
     then validation."""
-    from treegym.envs.registry import base_id
-
     cfg = _load(path, overrides, {})
-    family = base_id(cfg.env)  # a registered variant (X-Train-v0) trains with its base's defaults
-    if family in ENV_DEFAULTS:  # a second pass, now that the env is known
-        cfg = _load(path, overrides, ENV_DEFAULTS[family])
+    defaults = family_defaults(cfg.env)
+    if defaults:  # a second pass, now that the env is known
+        cfg = _load(path, overrides, defaults)
     return validate(cfg)
 
 
@@ -361,13 +392,13 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def env_defaults_text() -> str:
-    """The per-env defaults (``ENV_DEFAULTS``) as help lines: they apply under the YAML file and
-    the command line, and a registered variant (``X-Train-v0``) gets its base env's."""
-    from treegym.envs.registry import VARIANTS
+    """Each env family's defaults as help lines: they apply under the YAML file and the command
+    line, and a registered variant (``X-Train-v0``) gets its base env's."""
+    from treegym.envs.registry import FAMILIES, VARIANTS
 
     lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
-    for env_id, values in ENV_DEFAULTS.items():
-        lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    for env_id in FAMILIES:
+        lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items()))
     lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
     for variant, (base, kwargs) in VARIANTS.items():
         lines.append(f"  {base} -> {variant}: " + ", ".join(f"{k}={v}" for k, v in kwargs.items()))
@@ -384,3 +415,32 @@ def help_text() -> str:
         extra = f" {{{','.join(map(str, choices))}}}" if choices else ""
         lines.append(f"  --{path}={obj!r}{extra}\n        {f.metadata.get('help', '')}")
     return "\n".join(lines)
+
+
+# ---- command-line options generated from the fields -------------------------------------------
+
+
+def add_options(parser: Any, flags: dict[str, str]) -> None:
+    """One ``--flag`` per ``flag -> config path``, with the field's type, choices, help and default
+    (a bool field with default False is a bare switch). A flag not given stays unset, so that the
+    env family's defaults and a YAML file apply under it; ``given_overrides`` collects the rest."""
+    import argparse
+
+    paths, defaults = leaf_paths(), TrainConfig()
+    for flag, path in flags.items():
+        meta, default = paths[path].metadata, get_path(defaults, path)
+        family = " when the env family sets none" if path in FAMILY_FIELDS else ""
+        help_ = f"{meta.get('help', '')} (default {default!r}{family}; config field {path})".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_}
+        if default is False:
+            kwargs.update(action="store_const", const="true")
+        elif meta.get("choices"):
+            kwargs.update(choices=[str(c) for c in meta["choices"]])
+        else:
+            kwargs.update(metavar=type(default).__name__.upper())
+        parser.add_argument(f"--{flag}", **kwargs)
+
+
+def given_overrides(args: Any, flags: dict[str, str]) -> list[tuple[str, Any]]:
+    """The ``(path, value)`` of each flag of ``add_options`` that the command line gave."""
+    return [(path, getattr(args, path)) for path in flags.values() if hasattr(args, path)]

@@ -42,10 +42,9 @@ def preflight(cfg: TrainConfig) -> None:
     """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
     from treegym.agents.models import resolve_model_folder
 
-    cls = env_registry.env_class(cfg.env)
-    env_registry.resolve_split(cls, cfg.env, cfg.run.train_split)
+    env_registry.resolve_split(cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
-        env_registry.resolve_split(cls, cfg.env, cfg.run.eval_split)
+        env_registry.resolve_split(cfg.env, cfg.run.eval_split)
     resolve_model_folder(cfg.model)
 
 

@@ -14,6 +14,8 @@ start (the RL run's "before") and the end of RL (its "after").
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from treegym.agents.rollout.scoring import HeldOut
-from treegym.envs.registry import base_id, score_name
+from treegym.envs.registry import FAMILIES, family, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
-from treegym.trainers.config import TrainConfig
+from treegym.trainers.config import SFTConfig, TrainConfig, validate
 
 WARM_START_VERSION = 1
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
@@ -35,8 +37,6 @@ WARM_START_EVAL = 2
 # 24 heuristic episodes (about 20 kept) x 1 epoch at 2e-4 teach SmolLM2 the format: well-formed
 # actions 19% -> 100%, dev EM 0% -> 37.5% on 16 prompts, in 3 optimiser steps (250 s on 2 busy cores).
 WARM_START_LR = 2e-4
-# Envs whose scripted expert (treegym.agents.resolve) the warm start imitates, and which one.
-EXPERTS = {"TreeSearchQA-v0": "heuristic", "WebSearchQA-v0": "heuristic", "TextHousehold-v0": "heuristic"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class WarmStart:
 
 
 def expert_for(env_id: str) -> str | None:
-    """The scripted expert the warm start imitates on ``env_id`` (or on the env it is a variant of)."""
-    return EXPERTS.get(base_id(env_id))
+    """The scripted expert the warm start imitates on ``env_id``: its family record's ``expert``."""
+    return family(env_id).expert
 
 
 def wants_warm_start(cfg: TrainConfig) -> bool:
@@ -59,7 +59,8 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
         return False
     if cfg.warm_start == "on":
         if expert_for(cfg.env) is None:
-            raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {', '.join(EXPERTS)})")
+            have = ", ".join(f.id for f in FAMILIES.values() if f.expert)
+            raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {have})")
         return True
     return cfg.model.lower() == "smollm2" and expert_for(cfg.env) is not None
 
@@ -67,8 +68,12 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
     from treegym.trainers.prompts import train_env_kwargs
 
-    s = cfg.sampler
-    return {
+    s, defaults = cfg.sampler, SFTConfig()
+    # sft settings off their defaults (so a default config keeps the key, and the cached model, it
+    # had before SFT was a config section); out, episodes and lr are the warm start's own
+    changed = {k: v for k, v in dataclasses.asdict(cfg.sft).items()
+               if k not in ("out", "episodes", "lr") and v != getattr(defaults, k)}  # fmt: skip
+    key = {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
         "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
@@ -76,6 +81,20 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
         # the untrained model's evaluation is stored with it
         "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, WARM_START_EVAL],
     }  # fmt: skip
+    return {**key, "sft": changed} if changed else key
+
+
+def warm_start_config(cfg: TrainConfig, out: Path) -> TrainConfig:
+    """The SFT run a warm start is: ``cfg`` with its episodes and learning rate, all weights trained
+    (LoRA is for RL) and no held-out scores (the untrained model's are measured apart)."""
+    from treegym.trainers.parallel import pick_device
+
+    ws = copy.deepcopy(cfg)
+    ws.sft.out, ws.sft.episodes, ws.sft.lr = str(out), cfg.warm_start_episodes, WARM_START_LR
+    ws.run.eval_n = 0
+    ws.model_opts.lora = False
+    ws.model_opts.device = str(pick_device(cfg.model_opts.device))
+    return validate(ws)
 
 
 def warm_start_folder(cfg: TrainConfig) -> Path:
@@ -86,8 +105,7 @@ def warm_start_folder(cfg: TrainConfig) -> Path:
 
 def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
     """The warm-started model for ``cfg`` (built now, or found in the cache)."""
-    from treegym.trainers.parallel import pick_device
-    from treegym.trainers.sft import SFT_META, SFTConfig, run_sft
+    from treegym.trainers.sft import SFT_META, run_sft
 
     folder = warm_start_folder(cfg)
     meta_path = folder / SFT_META
@@ -106,13 +124,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    sft = SFTConfig(
-        out=str(tmp), model=cfg.model, env=cfg.env, env_kwargs=dict(cfg.env_kwargs), expert=expert_for(cfg.env),
-        episodes=cfg.warm_start_episodes, max_turns=cfg.sampler.max_turns, max_new_tokens=cfg.sampler.max_new_tokens,
-        mode=cfg.sampler.context_mode, eval_n=0, train_split=cfg.run.train_split, seed=cfg.seed,
-        device=str(pick_device(cfg.model_opts.device)), lr=WARM_START_LR,
-    )  # fmt: skip
-    result = run_sft(sft, progress=progress, log=log)
+    result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log)
     meta = json.loads((tmp / SFT_META).read_text())
     meta["untrained"] = untrained.to_dict() if untrained is not None else None
     meta["key"] = warm_start_key(cfg)

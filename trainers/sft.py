@@ -3,8 +3,8 @@
 A small instruct model rarely emits a well-formed ``<search>``/``<answer>`` turn on its own,
 so every RL reward is 0 and every advantage with it. ``run_sft`` fixes the format first:
 
-1. expert episodes: a scripted expert run through the training env (``treegym.trainers.sft_data``),
-   or traces written by ``treegym eval --out``;
+1. expert episodes: a scripted expert run through the training env, with the env family's turn
+   budget and length (``treegym.trainers.sft_data``), or traces written by ``treegym eval --out``;
 2. each episode in the RL context format, only its action tokens labelled;
 3. AdamW on the masked next-token loss (all weights, or LoRA adapters merged at the end);
 4. a HF model folder (safetensors, tokenizer, ``sft.json``) that ``treegym train --model`` and
@@ -21,7 +21,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,11 @@ import torch
 
 from treegym.agents.eval import read_traces
 from treegym.agents.hf_policy import HFPolicy
-from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.errors import ConfigError, TreegymError
-from treegym.trainers.heldout import play_heldout
+from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
+from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer
 from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, select_examples
 
@@ -42,41 +42,6 @@ SFT_META = "sft.json"
 
 class OutputFolderError(TreegymError):
     """The output folder cannot be written."""
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """What to imitate, how to train, where to save. Env fields default to ``treegym train``'s."""
-
-    out: str = "runs/sft-smollm2"
-    model: str = "smollm2"
-    env: str = "TreeSearchQA-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    expert: str = "heuristic"
-    traces: str | None = None
-    # 2 CPU cores run ~50-100 episode tokens/s forward+backward, and one episode is ~590
-    # tokens: 64 episodes (52 kept), one epoch, trained in 610 s here, and that was enough to
-    # learn the format (well-formed actions 14% -> 100%). A GPU runs it in seconds.
-    episodes: int = 64
-    only_correct: bool = True
-    epochs: int = 1
-    lr: float = 1e-4
-    batch_size: int = 8
-    micro_batch_size: int = 4
-    weight_decay: float = 0.0
-    warmup: float = 0.1
-    max_grad_norm: float = 1.0
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    max_turns: int = 2
-    max_new_tokens: int = 48
-    mode: str = "auto"
-    eval_n: int = 32
-    eval_split: str = "auto"  # the env's held-out split
-    train_split: str = "train"
-    seed: int = 0
-    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -139,7 +104,7 @@ def example_loss(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id:
 
 
 def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: SFTConfig, pad_id: int,
-                   device: torch.device, progress: bool = True) -> list[float]:
+                   device: torch.device, progress: bool = True, seed: int = 0) -> list[float]:
     """AdamW over ``cfg.epochs`` shuffled passes; returns the loss (per labelled token) of each step.
 
     A step's loss is the mean over the labelled tokens of its whole batch: micro-batches add
@@ -154,7 +119,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
     total_steps = steps_per_epoch * cfg.epochs
     warmup = int(cfg.warmup * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
-    rng = random.Random(cfg.seed)
+    rng = random.Random(seed)
     losses: list[float] = []
     bar = None
     if progress:
@@ -229,63 +194,64 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 # ---- the whole job ----------------------------------------------------------------------------
 
 
-def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResult:
-    """Collect (or read) expert episodes, train, save, and score before and after (see module doc)."""
+def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTResult:
+    """Collect (or read) expert episodes, train, save, and score before and after (see module doc).
+
+    ``cfg.sft`` says how to imitate; the rest of ``cfg`` is the run the model is for: its env and
+    training variant, turn budget and length (``sampler``), splits and held-out prompts (``run``),
+    device and LoRA (``model_opts``)."""
     from treegym.envs import registry as env_registry
     from treegym.trainers import parallel
-    from treegym.trainers.config import TrainConfig
     from treegym.trainers.model import base_model, with_lora
     from treegym.trainers.prompts import eval_prompts, make_env, train_prompts
 
     t0 = time.perf_counter()
-    _validate(cfg)
-    folder = check_writable(cfg.out)
+    validate(cfg)
+    sft, s = cfg.sft, cfg.sampler
+    folder = check_writable(sft.out)
     parallel.seed_everything(cfg.seed)
-    tcfg = TrainConfig(env=cfg.env, env_kwargs=dict(cfg.env_kwargs), model=cfg.model)
-    tcfg.sampler.max_turns = cfg.max_turns
     # Episodes before the model: a bad trace file or expert fails in a second, not after a load.
-    if cfg.traces:
-        episodes = read_traces(cfg.traces)
-        source = f"traces {cfg.traces}"
+    if sft.traces:
+        episodes = read_traces(sft.traces)
+        source = f"traces {sft.traces}"
     else:
-        expert = make_expert(cfg.expert, cfg.env, cfg.max_turns)
-        env = make_env(tcfg, cfg.train_split)
-        prompts = train_prompts(env_registry.task_ids(env), cfg.seed, 0, cfg.episodes)
-        episodes = collect_episodes(env, expert, prompts, progress, max_turns=cfg.max_turns)
-        source = f"{cfg.expert} expert on {cfg.env} ({cfg.train_split})"
+        name = expert_name(cfg)
+        expert = make_expert(name, cfg.env, s.max_turns)
+        env = make_env(cfg, cfg.run.train_split)
+        prompts = train_prompts(env_registry.task_ids(env), cfg.seed, 0, sft.episodes)
+        episodes = collect_episodes(env, expert, prompts, progress, max_turns=s.max_turns)
+        source = f"{name} expert on {cfg.env} ({cfg.run.train_split})"
 
     from treegym.agents.models import load_model
 
-    device = torch.device(cfg.device)
+    device = parallel.pick_device(cfg.model_opts.device)
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    mode = resolve_mode(cfg.mode, tokenizer)
+    mode = resolve_mode(s.context_mode, tokenizer)
     ctx = TokenContext(tokenizer, mode)  # type: ignore[arg-type]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    examples, dropped = select_examples(ctx, episodes, cfg.only_correct, cfg.max_new_tokens)
+    examples, dropped = select_examples(ctx, episodes, not sft.keep_wrong, s.max_new_tokens)
     if not examples:
         raise ConfigError(f"none of the {len(episodes)} expert episodes is usable (dropped: {dropped})")
     log(f"sft: {len(examples)} episodes from {source}, dropped {dropped}; "
         f"{sum(e.n_labels for e in examples):,} action tokens of {sum(len(e.token_ids) for e in examples):,}")
 
-    tcfg.run.eval_n = cfg.eval_n
-    eval_env = make_env(tcfg, cfg.eval_split) if cfg.eval_n else None
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
+    eval_env = make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
 
     def score() -> HeldOut | None:
         if eval_env is None:
             return None
         with torch.no_grad():
-            return play_heldout(HFPolicy(base_model(model), tokenizer, seed=cfg.seed), eval_env,
-                                eval_prompts(tcfg, eval_env), greedy, max_turns=cfg.max_turns, mode=mode)
+            return evaluate_policy(HFPolicy(base_model(model), tokenizer, seed=cfg.seed), eval_env,
+                                   eval_prompts(cfg, eval_env), cfg, mode, temperature=0.0)
 
     before = score()
     if before is not None:
         log(f"sft: before: success {before.success_rate:.3f}, well-formed actions {before.mean('well_formed'):.3f} "
-            f"({before.n} {cfg.eval_split} prompts)")
-    if cfg.lora:
-        model = with_lora(model, cfg.lora_r, cfg.lora_alpha, "LoRA SFT (--lora)")
+            f"({before.n} {cfg.run.eval_split} prompts)")
+    if cfg.model_opts.lora:
+        model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA SFT (--lora)")
     t_train = time.perf_counter()
-    losses = train_examples(model, examples, cfg, pad_id, device, progress)
+    losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score()
     if after is not None:
@@ -293,19 +259,20 @@ def run_sft(cfg: SFTConfig, progress: bool = True, log: Any = print) -> SFTResul
     meta = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
             "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
             "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-            "config": asdict(cfg)}
+            "config": to_dict(cfg)}
     save_model(model, tokenizer, folder, meta)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),
                      losses[0], losses[-1], before, after, time.perf_counter() - t0)
 
 
-def _validate(cfg: SFTConfig) -> None:
-    for name in ("episodes", "epochs", "batch_size", "micro_batch_size", "max_turns", "max_new_tokens"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.lr <= 0:
-        raise ConfigError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.eval_n < 0:
-        raise ConfigError(f"--eval-n must be >= 0, got {cfg.eval_n}")
-    if cfg.mode not in ("auto", "chat", "raw"):
-        raise ConfigError(f"--mode must be auto, chat or raw, got {cfg.mode!r}")
+def expert_name(cfg: TrainConfig) -> str:
+    """The expert ``cfg.sft.expert`` names: ``auto`` is the env family's (``Family.expert``)."""
+    from treegym.envs.registry import family
+    from treegym.trainers.sft_data import ExpertError
+
+    if cfg.sft.expert != "auto":
+        return cfg.sft.expert
+    fam = family(cfg.env)
+    if fam.expert is None:
+        raise ExpertError(f"env {cfg.env!r} has no scripted expert; pass --traces from `treegym eval --out DIR`")
+    return fam.expert

@@ -22,8 +22,6 @@ from treegym.agents.rollout.context import TokenContext
 from treegym.envs.core import success
 from treegym.errors import ConfigError
 
-EXPERTS: tuple[str, ...] = ("heuristic", "oracle")
-
 
 class ExpertError(ConfigError):
     """The expert is unknown, or the env has none."""
@@ -47,15 +45,18 @@ class SFTExample:
 
 
 def make_expert(name: str, env_id: str, max_turns: int) -> Any:
-    """The scripted ``name`` expert of ``env_id``, fitted to a budget of ``max_turns`` turns."""
-    if name not in EXPERTS:
-        raise ExpertError(f"unknown expert {name!r}; choose one of: {', '.join(EXPERTS)}")
+    """The scripted ``name`` expert of ``env_id`` (one its family record lists), fitted to a
+    budget of ``max_turns`` turns."""
     from treegym.agents.resolve import scripted_agent
+    from treegym.envs.registry import family
 
-    try:
-        agent = scripted_agent(name, env_id)
-    except ConfigError as exc:
-        raise ExpertError(f"env {env_id!r} has no {name} expert ({exc}); pass --traces from `treegym eval --out`") from None
+    experts = family(env_id).experts
+    if not experts:
+        raise ExpertError(f"env {env_id!r} has no {name} expert (its family lists none); "
+                          "pass --traces from `treegym eval --out`")
+    if name not in experts:
+        raise ExpertError(f"unknown expert {name!r} for {env_id}; choose one of: {', '.join(experts)}")
+    agent = scripted_agent(name, env_id)
     from treegym.agents.scripted import HeuristicQAAgent
 
     if isinstance(agent, HeuristicQAAgent):

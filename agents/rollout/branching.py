@@ -239,12 +239,13 @@ def _pivot_scores(forest: Forest, positions: Sequence[int]) -> list[tuple[Choice
     (one tree, one chain: it cannot tell yet) against the forest's mean; a prompt whose several
     leaves all agree is not scored. Only nodes whose subtrees hold different outcomes are kept
     while any such node exists."""
-    every = [r for tree in forest.trees for r in _rewards(tree, 0)]
+    by_prompt = _outcomes(forest, range(len(forest.trees)))
+    every = [r for rewards in by_prompt.values() for r in rewards]
     f_lo, f_hi = min(every, default=0.0), max(every, default=0.0)
     scored: list[tuple[Choice, float, bool]] = []
     for t in positions:
         tree = forest.trees[t]
-        rewards = _outcomes(forest, forest.prompts()[tree.prompt_index])[tree.prompt_index]
+        rewards = by_prompt[tree.prompt_index]
         if len(rewards) == 1 and f_hi > f_lo:
             lo, hi, pool = f_lo, f_hi, every
         elif len(set(rewards)) > 1:
@@ -322,11 +323,11 @@ def pivot_restart(forest: Forest) -> list[Choice]:
     """Pivot where a prompt's outcomes already differ (or its lone chain did better than the
     forest's worst); restarts at failure in the prompts whose trees all ended alike or whose lone
     chain failed, and their unused share back to pivot. Without failure flags, this is pivot."""
-    every = [r for tree in forest.trees for r in _rewards(tree, 0)]
-    floor = min(every, default=0.0)
+    by_prompt = _outcomes(forest, range(len(forest.trees)))
+    floor = min((r for rewards in by_prompt.values() for r in rewards), default=0.0)
     uniform, mixed = [], []
-    for positions in forest.prompts().values():
-        rewards = [r for t in positions for r in _rewards(forest.trees[t], 0)]
+    for prompt, positions in forest.prompts().items():
+        rewards = by_prompt[prompt]
         # Alike, or a lone chain that failed as badly as anything in the forest: restart there.
         alike = len(set(rewards)) <= 1 and (len(rewards) > 1 or not rewards or rewards[0] <= floor)
         (uniform if alike else mixed).extend(positions)

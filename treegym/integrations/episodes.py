@@ -157,15 +157,18 @@ class EpisodeStore:
 
     # -- episodes -------------------------------------------------------------------------------
 
-    def create(self, owner: object, *, seed: int | None = None, task_id: str | None = None) -> str:
-        """A new episode, reset with ``seed`` (and ``task_id`` if given), driven by and belonging
-        to ``owner``; returns its (unguessable) id."""
+    def create(self, owner: object, *, seed: int | None = None, task_id: str | None = None,
+               options: dict[str, Any] | None = None) -> str:
+        """A new episode, reset with ``seed`` and ``options`` (``task_id``, if given, joins them),
+        driven by and belonging to ``owner``; returns its (unguessable) id."""
+        options = {**(options or {}), **({} if task_id is None else {"task_id": task_id})}
+        task_id = None if options.get("task_id") is None else str(options["task_id"])
         with self._lock:
             eid = self._new_id(owner, fork=False)
             ep = self._episodes[eid] = Episode(fork(self.template), Observed(""), owner=owner, creator=owner)
         try:
             with ep.lock:
-                text, info = ep.env.reset(seed=seed, options=None if task_id is None else {"task_id": task_id})
+                text, info = ep.env.reset(seed=seed, options=options or None)
                 ep.last = Observed(str(text), info=jsonable(public_info(self.template, info)))
                 ep.task_id = task_id if task_id is not None else _task_of(info)
         except BaseException:

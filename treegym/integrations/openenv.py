@@ -16,6 +16,7 @@ unless asked for; request bodies are capped (413). Needs ``pip install 'treegym[
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import threading
 import time
@@ -113,24 +114,28 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
         self.episode_id: str | None = None
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              attach: str | None = None, **kwargs: Any) -> TreegymObservation:
+              attach: str | None = None, options: dict[str, Any] | None = None, **kwargs: Any) -> TreegymObservation:
         """Start a new episode (``seed``, ``task_id``), or ``attach`` to a live one (a fork) and
         carry on from its state. The server picks the episode id (unguessable), so an
-        ``episode_id`` of the client's choice is refused."""
+        ``episode_id`` of the client's choice is refused. ``options`` is gymnasium's
+        ``reset(options=...)``, passed to the env (``{"task_id": ...}`` is the same as ``task_id``)."""
         if kwargs:
-            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, task_id, attach")
+            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, task_id, attach, options")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"reset: seed must be an integer, got {seed!r}")
         if episode_id is not None:
             raise ConfigError("reset: the server picks episode ids (unguessable, so that no other client can "
                               "drive this episode); reset without episode_id and read it from the observation")
+        if options is not None and not isinstance(options, dict):
+            raise ConfigError(f"reset: options must be a JSON object, got {type(options).__name__}")
         if attach is not None:
             ep = self.store.attach(str(attach), owner=self)
             self._leave(keep=str(attach))
             self.episode_id = str(attach)
             return TreegymObservation.of(ep.last, self.episode_id)
         self._leave()
-        self.episode_id = self.store.create(self, seed=seed, task_id=None if task_id is None else str(task_id))
+        self.episode_id = self.store.create(self, seed=seed, task_id=None if task_id is None else str(task_id),
+                                            options=options)
         return TreegymObservation.of(self.store.get(self.episode_id).last, self.episode_id)
 
     def step(self, action: TreegymAction, timeout_s: float | None = None, **kwargs: Any) -> TreegymObservation:
@@ -246,6 +251,26 @@ def make_app(store: EpisodeStore, *, mcp: bool = False, max_body_bytes: int = MA
     return app
 
 
+def tcp_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket made with ``proto=IPPROTO_TCP``, not ``socket.create_server``'s 0.
+
+    asyncio sets TCP_NODELAY on an accepted socket only when its ``proto`` says TCP; with 0,
+    every small answer waits for the client's delayed ACK (about 40 ms on Linux loopback).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        if os.name == "posix":  # as socket.create_server: rebind a port in TIME_WAIT at once
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(256)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class EnvServer:
     """A socket bound to ``host:port`` at once (so a taken port is an error here, before any
     env is built), then uvicorn serving ``app`` on it."""
@@ -253,9 +278,8 @@ class EnvServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, app: FastAPI | None = None) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"--port must be in 0..65535 (0 picks a free one), got {port}")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self.socket = socket.create_server((host, port), family=family, backlog=256)
+            self.socket = tcp_listener(host, port)
         except OSError as exc:
             raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port") from None
         self.host, self.port = host, self.socket.getsockname()[1]

@@ -82,7 +82,9 @@ class RunSpec:
         cfg: dict[str, Any] = {
             "algo": self.method.algo, "env": t.env, "env_kwargs": t.make_kwargs(),
             "model": model, "seed": self.seed, "steps": 10**6,
-            "token_budget": t.token_budget if t.currency == "tokens" else 0,
+            # A tool-call budget is capped at 4x the task's tokens: a policy that stops calling the
+            # tool would otherwise never spend it.
+            "token_budget": t.token_budget if t.currency == "tokens" else 4 * t.token_budget,
             "tool_budget": t.tool_calls if t.currency == "tool_calls" else 0,
             "prompts_per_step": prompts, "sampler.group_size": b, "sampler.trees": max(1, b // 2),
             "sampler.expand_nodes": 2, "sampler.rounds": 1, "sampler.leaves": 64,  # every leaf kept: a rule may grow more in one tree
