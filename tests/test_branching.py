@@ -17,6 +17,7 @@ from treegym.agents.rollout.branching import (
     restart_points,
     step_failed,
     success_estimate,
+    tool_points,
 )
 from treegym.agents.rollout.types import Node, Tree, Turn
 from treegym.errors import ConfigError
@@ -155,3 +156,33 @@ def test_pivot_judges_a_lone_chain_against_the_forest_and_favours_the_one_that_w
     picks = get_rule("pivot")(Forest(trees, 2, 1, random.Random(0)))
     assert len(picks) == 8
     assert sum(t == 0 for t, _ in picks) > 8 / 4  # more than an even share goes to the winning chain
+
+
+def _looked(prompt: int, reward: float, index: int = 0) -> Tree:
+    """A 2-turn chain whose first turn called the tool (node 1 holds its result)."""
+    tree = _chain(prompt, reward, turns=2, index=index)
+    tree.nodes[1].turn.tool_calls = 1
+    return tree
+
+
+def test_after_tool_forks_the_states_where_a_tool_result_arrived() -> None:
+    looked, guessed = _looked(0, 0.0), _chain(0, 1.0, turns=2, index=1)
+    assert tool_points(looked) == [1] and tool_points(guessed) == []
+    picks = get_rule("after_tool")(Forest([looked, guessed], 2, 1, random.Random(0)))
+    # The post-tool state gets its tree's share (n = 2 branches that reuse the call) ...
+    assert picks.count((0, 1)) >= 2
+    # ... and the rest of the budget goes where pivot+restart sends it.
+    assert len(picks) <= 4 and all(p in {(0, 0), (0, 1), (1, 0), (1, 1)} for p in picks)
+
+
+def test_after_tool_without_tool_calls_is_pivot_restart() -> None:
+    trees = [_chain(0, 1.0), _chain(0, 0.0, failed_at=2, index=1), _chain(1, 0.0, failed_at=1), _chain(1, 0.0, index=1)]
+    a = get_rule("after_tool")(Forest(trees, 2, 1, random.Random(3)))
+    b = get_rule("pivot+restart")(Forest(trees, 2, 1, random.Random(3)))
+    assert a == b and a
+
+
+def test_after_tool_never_forks_a_finished_episode() -> None:
+    tree = _tree(0, {0: (None, None, False), 1: (0, 1.0, False)})
+    tree.nodes[1].turn.tool_calls = 1  # the call ended the episode: nothing to branch after it
+    assert tool_points(tree) == []

@@ -26,7 +26,9 @@ The built-in rules:
 - ``pivot``: variance-targeted (PivotRL's signal ∝ √Var(R)), with the budget spread across
   prompts by what they can still teach;
 - ``restart``: fork the state just before a step that the env flagged as failed;
-- ``pivot+restart``: pivot in prompts whose outcomes already differ, restarts in the others.
+- ``pivot+restart``: pivot in prompts whose outcomes already differ, restarts in the others;
+- ``after_tool``: fork the states where a tool result just arrived (ARPO), so that the branches
+  reuse the call; the rest of the budget as ``pivot+restart``.
 """
 
 from __future__ import annotations
@@ -333,3 +335,34 @@ def pivot_restart(forest: Forest) -> list[Choice]:
         (uniform if alike else mixed).extend(positions)
     out = _restarts(forest, uniform, forest.per_tree * len(uniform))
     return out + _weighted(forest.rng, _pivot_scores(forest, mixed), forest.budget - len(out))
+
+
+def tool_points(tree: Tree) -> list[int]:
+    """The states just after a tool result: nodes whose turn made a tool call and whose episode
+    goes on, shallowest first."""
+    return [n.node_id for n in sorted(tree.nodes, key=lambda n: n.depth)
+            if n.turn is not None and n.turn.tool_calls > 0 and not n.terminal]
+
+
+@branching_rule("after_tool")
+def after_tool(forest: Forest) -> list[Choice]:
+    """Fork after tool results (``sampler.expansion=after_tool``; ARPO's observation that the
+    model's uncertainty spikes right after a tool returns).
+
+    A branch from the state just after a call reuses the result that call paid for: in tool
+    calls, it costs only what its own continuation calls, against a whole chain's calls for a
+    fresh sample. Each such state gets up to n branches (the ones whose leaves disagree, or
+    that have a single leaf, first: drawn ∝ 0.05 + p̂(1 - p̂)); the budget left over, and every
+    forest without a tool call, goes to ``pivot+restart``. On an env without tools this is
+    ``pivot+restart``."""
+    scored: list[tuple[Choice, float]] = []
+    for t, tree in enumerate(forest.trees):
+        rewards = _rewards(tree, 0)
+        lo, hi = min(rewards, default=0.0), max(rewards, default=0.0)
+        prior = (statistics.fmean(rewards) - lo) / (hi - lo) if hi > lo else 0.5
+        for c in tool_points(tree):
+            p = success_estimate(tree, c, prior, lo, hi) if hi > lo else 0.5
+            scored += [((t, c), 0.05 + p * (1.0 - p))] * forest.per_tree
+    out = _weighted(forest.rng, scored, min(forest.budget, len(scored)))[: len(scored)] if scored else []
+    left = forest.budget - len(out)
+    return out + pivot_restart(forest)[:left] if left > 0 else out

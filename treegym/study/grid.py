@@ -125,9 +125,10 @@ PG_TUNE = tuple((("optim.lr", lr),) for lr in _LRS)
 # and half its advantage is the turn credit in reward units: its grid sits a notch higher; the
 # same number of settings (3) as the others.
 OPSD_TUNE = tuple((("optim.lr", lr),) for lr in (2e-3, 4e-3, 8e-3))
-# The fork-native mechanisms (agents/rollout/branching.py): variance-targeted expansion with
-# restarts at failure, and sibling branches that begin with different moves.
-FORK = (("sampler.expansion", "pivot+restart"), ("sampler.distinct", 1))
+# The fork-native mechanisms (agents/rollout/branching.py): forks after tool results, variance-
+# targeted expansion with restarts at failure elsewhere (after_tool is pivot+restart on an env
+# without tools), and sibling branches that begin with different moves.
+FORK = (("sampler.expansion", "after_tool"), ("sampler.distinct", 1))
 
 METHODS = {
     "grpo": Method("grpo", "grpo", tune=PG_TUNE),
@@ -148,6 +149,8 @@ ABLATIONS = {
     # Each fork-native rule alone, and TreeOPSD's credit alone (no outcome blend).
     "tree-grpo/pivot": Method("tree-grpo/pivot", "tree-grpo", (("sampler.expansion", "pivot"),)),
     "tree-grpo/restart": Method("tree-grpo/restart", "tree-grpo", (("sampler.expansion", "restart"),)),
+    "tree-grpo/pivot+restart": Method("tree-grpo/pivot+restart", "tree-grpo", (("sampler.expansion", "pivot+restart"),)),
+    "tree-grpo/after_tool": Method("tree-grpo/after_tool", "tree-grpo", (("sampler.expansion", "after_tool"),)),
     "tree-grpo/distinct": Method("tree-grpo/distinct", "tree-grpo", (("sampler.distinct", 1),)),
     "treeopsd/credit-only": Method("treeopsd/credit-only", "treeopsd", (("advantage.opsd_lambda", 1.0),)),
     **{f"tree-grpo/{e}": Method(f"tree-grpo/{e}", "tree-grpo", (("sampler.expansion", e),))
