@@ -140,11 +140,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=_count("--workers"), default=0, help="parallel training processes (default: CPU count, at most 8)")
     p.add_argument("--tasks", type=_csv("task", TASKS), help=f"comma-separated, of: {', '.join(TASKS)}")
     p.add_argument("--extra-tasks", type=_csv("task", TASKS, empty_ok=True), help="report-only tasks at the tuning budget, tuned as "
-                   "the first task (default: lookup; '' for none; e.g. lock-L1,lock-L16 for turn length)")
+                   "the first task (default: none; e.g. lock-L1,lock-L16 for turn length)")
     p.add_argument("--methods", type=_csv("method", METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--budgets", type=_csv("budget", None, int), help="per-prompt budgets B, e.g. 2,4,8")
     p.add_argument("--seeds", type=_count("--seeds"), default=0, help="report seeds per cell (default 16; --quick 6)")
-    p.add_argument("--tune-seeds", type=_count("--tune-seeds"), default=0, help="tuning seeds per setting (default 3; --quick 1)")
+    p.add_argument("--tune-seeds", type=_count("--tune-seeds"), default=0, help="tuning seeds per setting (default 5; --quick 1)")
     p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_study)
