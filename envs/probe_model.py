@@ -8,6 +8,11 @@ from the legal ones, with free words after them. It then starts RL the way an in
 starts agent RL: it writes well-formed turns of the right length, but knows no answer, so
 a terminal reward is as rare as choices^-horizon.
 
+With ``prior="uses_tools"`` the prior's episodes that call the Lookup tool answer with its
+result: the model knows what a tool's result is for, as an instruct LLM does, and calls it only
+at the format's rate (1 in ``choices + 1`` first turns), so RL has to learn *when* to call. With
+the default ``"uniform"`` prior it must also learn to use the result (the chicken-and-egg).
+
 Models are cached under ``TREEGYM_HOME/probe-models``, keyed by every input, so a grid of
 runs builds each one once.
 """
@@ -28,27 +33,33 @@ from treegym.paths import cache_dir
 MODEL_VERSION = 2
 PRIOR_STEPS = 300
 PRIOR_EPISODES = 64  # per batch
+PRIORS = ("uniform", "uses_tools")
 
 
-def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0) -> Path:
+def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0, prior: str = "uniform") -> Path:
     """Where the model for ``env`` at ``turn_tokens`` tokens per turn is (or will be) cached."""
     key = {"env": type(env).__name__, "horizon": env.horizon, "choices": env.choices, "key_seed": env.key_seed,
            "turn_tokens": turn_tokens, "seed": seed, "version": MODEL_VERSION}  # fmt: skip
     if hasattr(env, "doors"):
         key["doors"] = env.doors
+    if prior != "uniform":
+        key["prior"] = prior
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return cache_dir("probe-models") / f"{type(env).__name__}-h{env.horizon}-c{env.choices}-L{turn_tokens}-{digest}"
 
 
 def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Path | None = None,
-                      steps: int = PRIOR_STEPS) -> Path:
+                      steps: int = PRIOR_STEPS, prior: str = "uniform") -> Path:
     """Build (once) the tiny model for ``env``'s format; return its HF folder.
 
     ``steps`` of the format prior; the cached default folder always uses ``PRIOR_STEPS``.
+    ``prior``: ``"uniform"`` or ``"uses_tools"`` (see the module doc).
     """
+    if prior not in PRIORS:
+        raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     if folder is None and steps != PRIOR_STEPS:
         raise ValueError("a model with a non-default number of prior steps needs its own folder")
-    folder = folder or probe_model_folder(env, turn_tokens, seed)
+    folder = folder or probe_model_folder(env, turn_tokens, seed, prior)
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
     import torch
@@ -68,7 +79,7 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
         pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
     )  # fmt: skip
     model = LlamaForCausalLM(config)
-    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps)
+    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps, prior)
     # Written aside and renamed, so that parallel study workers never read half a model.
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -80,24 +91,31 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
     return folder
 
 
-def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random) -> tuple[list[str], list[int]]:
-    """Words of one episode with uniformly random legal moves, and 1 on each action word."""
+def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random,
+                   prior: str = "uniform") -> tuple[list[str], list[int]]:
+    """Words of one episode with uniformly random legal moves, and 1 on each action word; under
+    ``prior="uses_tools"`` the last move of an episode that looked is the looked-up result."""
     seed = rng.randrange(2**31)
     obs, _ = env.reset(seed=seed)
     words, mask = obs.split(), [0] * len(obs.split())
     free = [*SYMBOLS, LOOK, *FILLER]
-    done = False
+    done, looked = False, None
     while not done:
-        move = rng.choice(env.legal_moves(env.state))
+        legal = env.legal_moves(env.state)
+        move = rng.choice(legal)
+        if prior == "uses_tools" and looked in legal and env.state.turn == env.horizon - 1:
+            move = looked
         action = [move] + [rng.choice(free) for _ in range(turn_tokens - 1)]
         obs, _, terminated, truncated, _ = env.step(" ".join(action))
         done = terminated or truncated
+        looked = obs if move == LOOK else looked
         words += action + obs.split()
         mask += [1] * len(action) + [0] * len(obs.split())
     return words, mask
 
 
-def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, rng: random.Random, steps: int) -> None:
+def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, rng: random.Random, steps: int,
+                  prior: str = "uniform") -> None:
     """Cross-entropy on the action words of random legal episodes (the format, not the answers)."""
     import torch
 
@@ -105,7 +123,7 @@ def _learn_format(model: Any, tokenizer: Any, env: ProbeEnv, turn_tokens: int, r
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for _ in range(steps):
-        episodes = [random_episode(env, turn_tokens, rng) for _ in range(PRIOR_EPISODES)]
+        episodes = [random_episode(env, turn_tokens, rng, prior) for _ in range(PRIOR_EPISODES)]
         width = max(len(w) for w, _ in episodes)  # episodes that end early are right-padded, unmasked
         ids = torch.tensor([tokenizer.convert_tokens_to_ids(w) + [0] * (width - len(w)) for w, _ in episodes])
         mask = torch.tensor([m + [0] * (width - len(m)) for _, m in episodes], dtype=torch.bool)

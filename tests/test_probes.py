@@ -143,3 +143,33 @@ def test_maze_format_prior_pads_episodes_that_end_early(tmp_path) -> None:
     env = gym.make("ProbeMaze-v0", horizon=4, doors=2).unwrapped
     folder = build_probe_model(env, 2, folder=tmp_path / "m", steps=3)
     assert (folder / "model.safetensors").exists()
+
+
+def test_a_uses_tools_prior_answers_with_the_looked_up_key_and_looks_at_the_format_rate() -> None:
+    env = ProbeLookupEnv(horizon=2, choices=3)
+    rng = random.Random(0)
+    looked = right = 0
+    for _ in range(300):
+        words, _ = random_episode(env, 2, rng, prior="uses_tools")
+        # go | ? w | KEY | answer w   (a look)   or   go | A w | go | answer w
+        if words[1] == "?":
+            looked += 1
+            right += words[4] == words[3]
+    assert 50 < looked < 100  # 1 in 4 first turns, as under the uniform prior
+    assert right == looked  # every look is followed by its result as the answer
+
+
+def test_the_uniform_prior_does_not_use_the_result() -> None:
+    env = ProbeLookupEnv(horizon=2, choices=3)
+    rng = random.Random(0)
+    looks = [w for w in (random_episode(env, 2, rng)[0] for _ in range(300)) if w[1] == "?"]
+    assert 0.15 < sum(w[4] == w[3] for w in looks) / len(looks) < 0.55  # about 1 in 3
+
+
+def test_a_probe_models_cache_folder_names_a_non_default_prior() -> None:
+    from treegym.envs.probe_model import probe_model_folder
+
+    env = ProbeLookupEnv(horizon=2, choices=3)
+    assert probe_model_folder(env, 4) != probe_model_folder(env, 4, prior="uses_tools")
+    with pytest.raises(ValueError, match="prior"):
+        build_probe_model(env, 4, prior="clairvoyant")

@@ -32,6 +32,7 @@ class Task:
     env_kwargs: tuple[tuple[str, Any], ...] = ()  # the env's other arguments (ProbeMaze's doors)
     currency: str = "tokens"  # what every run of the task stops at: "tokens" (generated) or "tool_calls"
     tool_calls: int = 0  # with currency "tool_calls": the tool calls a run may make
+    prior: str = "uniform"  # the probe model's format prior (envs.probe_model.PRIORS)
 
     def make_kwargs(self) -> dict[str, Any]:
         return {"horizon": self.horizon, "choices": self.choices, **dict(self.env_kwargs)}
@@ -69,7 +70,8 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        data = {"phase": self.phase, "task": asdict(self.task), "method": self.method.name,
+        task = {k: v for k, v in asdict(self.task).items() if not (k == "prior" and v == "uniform")}  # keys before priors
+        data = {"phase": self.phase, "task": task, "method": self.method.name,
                 "overrides": list(self.method.overrides), "budget": self.budget, "seed": self.seed,
                 "setting": list(self.setting), "eval_n": self.eval_n, "evals": self.evals}  # fmt: skip
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -119,6 +121,10 @@ TASKS = {
     "maze": Task("maze", "ProbeMaze-v0", horizon=8, choices=2, turn_tokens=4, chains=640, env_kwargs=(("doors", 6),)),
     "lookup-calls": Task("lookup-calls", "ProbeLookup-v0", horizon=2, choices=3, turn_tokens=4, chains=512,
                          currency="tool_calls", tool_calls=128),
+    # The tool probe shaped like LLM agents: the model already uses a tool's result (as an instruct
+    # LLM does) but calls at the format's rate; RL must learn when to call, paid in tool calls.
+    "lookup-when": Task("lookup-when", "ProbeLookup-v0", horizon=2, choices=3, turn_tokens=4, chains=512,
+                        currency="tool_calls", tool_calls=64, prior="uses_tools"),
 }
 
 # Four rates per method, from one that barely moves to one that often collapses on the probes.
@@ -175,7 +181,7 @@ ABLATIONS = {
 class Grid:
     """The whole study: which tasks, methods, budgets and seeds, for each phase."""
 
-    tasks: tuple[str, ...] = ("lock", "maze", "lock-L32", "lookup-calls")
+    tasks: tuple[str, ...] = ("lock", "maze", "lock-L32", "lookup-when")
     methods: tuple[str, ...] = ("grpo", "treeopsd", "fork")
     budgets: tuple[int, ...] = (2, 4)
     seeds: tuple[int, ...] = tuple(range(16))

@@ -81,7 +81,7 @@ def probe_model_for(spec: RunSpec) -> str:
     from treegym.envs.probe_model import build_probe_model
 
     env = gym.make(spec.task.env, **spec.task.make_kwargs()).unwrapped
-    return str(build_probe_model(env, spec.task.turn_tokens))
+    return str(build_probe_model(env, spec.task.turn_tokens, prior=spec.task.prior))
 
 
 def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
