@@ -16,21 +16,22 @@ import argparse
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # main() imports it, once TOKENIZERS_PARALLELISM is set
+    from treegym.agents.rollout import Budget
 
 
 @dataclass
 class Tally:
+    """One sampler's run: its batches' summed cost, how many there were, and their wall time."""
+
+    budget: Budget
     batches: int = 0
-    trajectories: int = 0
-    generated: int = 0
-    prefill: int = 0
-    reused: int = 0
-    tool_calls: int = 0
-    turns: int = 0
     seconds: float = 0.0
 
     def per_1k(self) -> float:
-        return 1000.0 * self.trajectories / max(1, self.generated)
+        return 1000.0 * self.budget.trajectories / max(1, self.budget.generated_tokens)
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,6 +64,7 @@ def main() -> None:
     import treegym  # noqa: F401
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.policy import SamplingParams
+    from treegym.agents.rollout import Budget
     from treegym.agents.rollout.samplers import sample_chains, sample_trees
 
     if args.threads:
@@ -74,9 +76,9 @@ def main() -> None:
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
 
     def run(kind: str) -> Tally:
-        tally = Tally()
+        tally = Tally(Budget())
         bar = tqdm(total=args.budget, desc=kind, unit="tok")
-        while tally.generated < args.budget:
+        while tally.budget.generated_tokens < args.budget:
             start = (tally.batches * args.prompts) % len(items)
             prompts = [{"task_id": items[(start + i) % len(items)].id} for i in range(args.prompts)]
             policy.clear_cache()  # each batch pays its own prefill, as a fresh policy would
@@ -87,15 +89,9 @@ def main() -> None:
                 batch = sample_trees(policy, env, prompts, m=args.m, n=args.n, l=args.l, k=args.k, params=params,
                                      max_turns=args.max_turns, mode=args.mode, seed=args.seed + tally.batches)
             tally.seconds += time.perf_counter() - t0
-            b = batch.budget
             tally.batches += 1
-            tally.trajectories += b.trajectories
-            tally.generated += b.generated_tokens
-            tally.prefill += b.prefill_tokens
-            tally.reused += b.reused_tokens
-            tally.tool_calls += b.tool_calls
-            tally.turns += b.env_steps
-            bar.update(b.generated_tokens)
+            tally.budget += batch.budget
+            bar.update(batch.budget.generated_tokens)
         bar.close()
         return tally
 
@@ -108,11 +104,12 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name, t in (("chain", chain), ("tree", tree)):
-        print(f"{name:<8}{t.batches:>8}{t.trajectories:>6}{t.generated:>9}{t.per_1k():>13.2f}{t.turns:>7}"
-              f"{t.tool_calls:>11}{t.prefill:>9}{t.reused:>8}{t.seconds:>8.1f}")
+        b = t.budget
+        print(f"{name:<8}{t.batches:>8}{b.trajectories:>6}{b.generated_tokens:>9}{t.per_1k():>13.2f}{b.env_steps:>7}"
+              f"{b.tool_calls:>11}{b.prefill_tokens:>9}{b.reused_tokens:>8}{t.seconds:>8.1f}")
     print(f"tree / chain, trajectories per 1k generated tokens: {tree.per_1k() / max(chain.per_1k(), 1e-9):.2f}x")
     print(f"tree / chain, trajectories per wall second: "
-          f"{(tree.trajectories / max(tree.seconds, 1e-9)) / max(chain.trajectories / max(chain.seconds, 1e-9), 1e-9):.2f}x")
+          f"{(tree.budget.trajectories / max(tree.seconds, 1e-9)) / max(chain.budget.trajectories / max(chain.seconds, 1e-9), 1e-9):.2f}x")
 
 
 if __name__ == "__main__":

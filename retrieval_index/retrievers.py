@@ -29,9 +29,13 @@ def _reopen(options: dict[str, Any]) -> Any:
 
 
 class SharedBackend:
-    """A read-only search backend: forks share it, pickles carry only how to reopen it."""
+    """A read-only search backend over ``docs``: forks share it, pickles carry only how to reopen it."""
 
+    docs: tuple[Document, ...] = ()
     reopen: dict[str, Any] | None = None  # open_retriever(**reopen) gives an equal retriever
+
+    def __len__(self) -> int:
+        return len(self.docs)
 
     def __deepcopy__(self, memo: dict) -> SharedBackend:
         return self
@@ -53,6 +57,15 @@ def check_k(k: int) -> int:
 
 def _hit(doc: Document, score: float) -> Hit:
     return Hit(doc_id=doc.id, title=doc.title, text=doc.text, score=float(score))
+
+
+def _hits(docs: Sequence[Document], rows: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> list[list[Hit]]:
+    """Per query, the hits of a (n, k) block of document rows and scores where ``keep`` is true
+    (FAISS pads with row -1; BM25 returns zero-score rows too)."""
+    return [
+        [_hit(docs[row], score) for row, score, kept in zip(row_list, score_list, keep_list) if kept]
+        for row_list, score_list, keep_list in zip(rows.tolist(), scores.tolist(), keep.tolist())
+    ]
 
 
 def rescore(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,9 +133,6 @@ class DenseRetriever(SharedBackend):
         self.rerank = rerank if exact is not None else 0
         use_blas_for_batches()
 
-    def __len__(self) -> int:
-        return len(self.docs)
-
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         k = check_k(k)
         if not queries:
@@ -139,10 +149,7 @@ class DenseRetriever(SharedBackend):
             scores, rows = rescore(self.exact, vectors, candidates, k)  # type: ignore[arg-type]
         else:
             scores, rows = self.index.search(vectors, k)
-        return [
-            [_hit(self.docs[row], score) for row, score in zip(row_list, score_list) if row >= 0]
-            for row_list, score_list in zip(rows.tolist(), scores.tolist())
-        ]
+        return _hits(self.docs, rows, scores, rows >= 0)
 
 
 def bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
@@ -163,9 +170,6 @@ class BM25Retriever(SharedBackend):
         self.model = model
         self.docs = tuple(docs)
 
-    def __len__(self) -> int:
-        return len(self.docs)
-
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         k = check_k(k)
         if not queries:
@@ -173,10 +177,7 @@ class BM25Retriever(SharedBackend):
         rows, scores = self.model.retrieve(
             bm25_tokenize(queries), k=min(k, len(self.docs)), show_progress=False, n_threads=0
         )
-        return [
-            [_hit(self.docs[row], score) for row, score in zip(row_list, score_list) if score > 0]
-            for row_list, score_list in zip(rows.tolist(), scores.tolist())
-        ]
+        return _hits(self.docs, rows, scores, scores > 0)
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[str]], k: int, constant: int = RRF_CONSTANT) -> list[tuple[str, float]]:
@@ -204,9 +205,6 @@ class HybridRetriever(SharedBackend):
         self.constant = constant
         self.docs = dense.docs
         self._by_id = {doc.id: doc for doc in self.docs}
-
-    def __len__(self) -> int:
-        return len(self.docs)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         k = check_k(k)

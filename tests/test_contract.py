@@ -15,6 +15,15 @@ from treegym.envs.checker import ForkContractError, check_fork_contract
 ACTIONS = ["1", "2", "3", "x", "4"]
 
 
+def _toy(*actions: str, **options: int) -> ToyEnv:
+    """A ToyEnv reset with seed 0 and ``options``, then stepped through ``actions``."""
+    env = ToyEnv()
+    env.reset(seed=0, options=options)
+    for action in actions:
+        env.step(action)
+    return env
+
+
 def test_checker_passes_a_correct_env():
     check_fork_contract(ToyEnv, ACTIONS)
 
@@ -25,9 +34,7 @@ def test_checker_catches_state_shared_between_forks():
 
 
 def test_fork_does_not_share_state():
-    env = ToyEnv()
-    env.reset(seed=0, options={"target": 100})
-    env.step("3")
+    env = _toy("3", target=100)
     child = env.fork()
     child.step("5")
     assert env.state.total == 9 and child.state.total == 34
@@ -35,9 +42,7 @@ def test_fork_does_not_share_state():
 
 
 def test_snapshot_is_picklable_and_restores_exactly():
-    env = ToyEnv()
-    env.reset(seed=0, options={"target": 100})
-    env.step("2")
+    env = _toy("2", target=100)
     snap = env.snapshot()
     env.step("7")
     env.restore(pickle.loads(pickle.dumps(snap)))
@@ -46,8 +51,7 @@ def test_snapshot_is_picklable_and_restores_exactly():
 
 
 def test_restore_rejects_a_snapshot_of_another_env_class():
-    env = ToyEnv()
-    env.reset(seed=0)
+    env = _toy()
     with pytest.raises(ValueError, match="cannot restore"):
         env.restore(Snapshot("SomethingElse", env.state))
 
@@ -77,8 +81,7 @@ def test_fork_of_a_non_treegym_env_is_a_clear_error():
 
 
 def test_fork_continues_the_parent_rng_stream_independently():
-    env = ToyEnv()
-    env.reset(seed=0)
+    env = _toy()
     child = env.fork()
     parent_draws = [env.reset()[0] for _ in range(3)]
     child_draws = [child.reset()[0] for _ in range(3)]
@@ -87,8 +90,7 @@ def test_fork_continues_the_parent_rng_stream_independently():
 
 
 def test_restore_rejects_a_hand_made_snapshot_with_a_wrong_state_type():
-    env = ToyEnv()
-    env.reset(seed=0)
+    env = _toy()
     with pytest.raises(TypeError, match="snapshot state must be a ToyState"):
         env.restore(Snapshot("ToyEnv", ("not", "a", "state")))
     assert env.step("1")[0] == "total 1"  # the env still holds its own state

@@ -26,24 +26,10 @@ openenv = pytest.importorskip("openenv", reason="needs pip install 'treegym[open
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 from treegym.errors import TreegymError  # noqa: E402
-from treegym.integrations.openenv import TreegymEnvClient, serve  # noqa: E402
+from treegym.integrations.openenv import TreegymEnvClient  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "ProbeKeys-v0"
-
-
-@pytest.fixture()
-def server_factory():
-    started = []
-
-    def start(env_id: str = ENV, **kwargs):
-        server = serve(env_id, port=0, **kwargs).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture()

@@ -218,28 +218,41 @@ def _drill_exact(tok, conversations: list, tools: list, folder: Path, *, hidden:
     os.replace(tmp, folder)
 
 
+def _grpo_args(tmp_path: Path, **overrides):
+    """GRPOConfig for two CPU steps of one 8-completion group, logged each step; ``overrides`` win."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(**{
+        "output_dir": str(tmp_path), "max_steps": 2, "per_device_train_batch_size": 8, "num_generations": 8,
+        "max_completion_length": 128, "max_tool_calling_iterations": 2, "learning_rate": 1e-3, "logging_steps": 1,
+        "report_to": "none", "save_strategy": "no", "use_cpu": True, "bf16": False, "seed": 0, "temperature": 1.0,
+        **overrides,
+    })
+
+
+def _train(model, args, make_env, made: list, **trainer_kwargs):
+    """TRL's GRPOTrainer run for ``args``, its envs from ``make_env``; each env it makes is also put
+    in ``made`` (the caller's list, so that a failed run still leaves them to look at or close)."""
+    from trl import GRPOTrainer
+
+    def factory():
+        made.append(make_env())
+        return made[-1]
+
+    trainer = GRPOTrainer(model=model, args=args, environment_factory=factory, **trainer_kwargs)
+    trainer.train()
+    return trainer
+
+
 def test_grpo_trainer_trains_a_model_on_a_treegym_env(tool_calling_model, tmp_path, monkeypatch) -> None:
     import torch
-    from trl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     model, tok = tool_calling_model
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     made: list[TRLEnv] = []
-    base = environment_factory("ProbeKeys-v0", **KEYS)
-
-    def factory() -> TRLEnv:
-        made.append(base())
-        return made[-1]
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=8,
-        max_completion_length=128, max_tool_calling_iterations=2, learning_rate=1e-3, logging_steps=1,
-        report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0, temperature=1.0,
-    )
-    trainer = GRPOTrainer(model=model, args=args, processing_class=tok, train_dataset=task_dataset("ProbeKeys-v0", n=4, **KEYS),
-                          environment_factory=factory)
-    trainer.train()
+    trainer = _train(model, _grpo_args(tmp_path), environment_factory("ProbeKeys-v0", **KEYS), made,
+                     processing_class=tok, train_dataset=task_dataset("ProbeKeys-v0", n=4, **KEYS))
 
     logs = [h for h in trainer.state.log_history if "rewards/TRLEnv/mean" in h]
     assert len(logs) == 2 and all(h["tools/call_frequency"] > 0 for h in logs)
@@ -417,31 +430,22 @@ def drilled_model(env_id: str, tok):
 def test_grpo_trainer_trains_on_a_treegym_env_through_its_own_tools(env_id, smollm2_tool_tokenizer, one_thread,
                                                                    tmp_path, monkeypatch, recwarn) -> None:
     import torch
-    from trl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     model, rows = drilled_model(env_id, smollm2_tool_tokenizer)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     tools_cls = type(environment_factory(env_id, **EXPERT_ENVS[env_id]["kwargs"])())
-    args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=8,
-        max_completion_length=tools_cls.completion_tokens, max_tool_calling_iterations=EXPERT_ENVS[env_id]["iterations"],
+    args = _grpo_args(
+        tmp_path, max_completion_length=tools_cls.completion_tokens,
+        max_tool_calling_iterations=EXPERT_ENVS[env_id]["iterations"],
         # Adam moves every weight by about the learning rate; 1e-5 leaves the drilled model intact for step 2.
-        learning_rate=1e-5, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0,
-        temperature=1.0,
+        learning_rate=1e-5,
     )
     kwargs = grpo_kwargs(env_id, args, smollm2_tool_tokenizer, n=8, **EXPERT_ENVS[env_id]["kwargs"])
     kwargs["train_dataset"] = rows  # the tasks the model was drilled on
     assert not [w for w in recwarn if "max_completion_length" in str(w.message)]
     made: list = []
-    factory = kwargs.pop("environment_factory")
-
-    def counted():
-        made.append(factory())
-        return made[-1]
-
-    trainer = GRPOTrainer(model=model, args=args, environment_factory=counted, **kwargs)
-    trainer.train()
+    trainer = _train(model, args, kwargs.pop("environment_factory"), made, **kwargs)
 
     key = f"rewards/{tools_cls.__name__}/mean"
     logs = [h for h in trainer.state.log_history if key in h]
@@ -504,8 +508,6 @@ def served_rows(url: str, n: int):
 
 def test_trls_openenv_pattern_trains_against_serve_env(tool_calling_model, tmp_path, monkeypatch) -> None:
     pytest.importorskip("openenv")
-    from trl import GRPOConfig, GRPOTrainer
-
     from treegym.integrations.openenv import serve
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -524,19 +526,8 @@ def test_trls_openenv_pattern_trains_against_serve_env(tool_calling_model, tmp_p
         monkeypatch.setattr(ServedEnv, "url", server.url)
         model, tok = tool_calling_model
         made: list[ServedEnv] = []
-
-        def factory() -> ServedEnv:
-            made.append(ServedEnv())
-            return made[-1]
-
-        args = GRPOConfig(
-            output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=8,
-            max_completion_length=128, max_tool_calling_iterations=2, learning_rate=1e-3, logging_steps=1,
-            report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0, temperature=1.0,
-        )
-        trainer = GRPOTrainer(model=model, args=args, processing_class=tok, train_dataset=served_rows(server.url, 4),
-                              environment_factory=factory)
-        trainer.train()
+        trainer = _train(model, _grpo_args(tmp_path), ServedEnv, made, processing_class=tok,
+                         train_dataset=served_rows(server.url, 4))
         logs = [h for h in trainer.state.log_history if "rewards/ServedEnv/mean" in h]
         assert len(logs) == 2 and all(h["tools/call_frequency"] > 0 for h in logs)
         assert {e.reward for e in made} <= {0.0, 0.5, 1.0} and any(e.done and e.reward > 0 for e in made)

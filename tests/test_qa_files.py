@@ -67,10 +67,17 @@ def test_parquet_row_without_answers_is_an_error_naming_file_and_row(tmp_path):
         load_qa(str(path))
 
 
-def test_a_file_that_is_not_parquet_is_a_clear_error(tmp_path):
-    path = tmp_path / "broken.parquet"
-    path.write_bytes(b"PAR1 this is not a parquet file")
-    with pytest.raises(QADataError, match="broken.parquet: not a readable parquet file"):
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("broken.parquet", b"PAR1 this is not a parquet file", "broken.parquet: not a readable parquet file"),
+        ("data.jsonl", b"\xff\xfe\x00garbage", "not UTF-8"),
+    ],
+)
+def test_a_file_that_cannot_be_read_as_its_format_is_a_clear_error(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(QADataError, match=message):
         load_qa(str(path))
 
 
@@ -103,13 +110,6 @@ def test_malformed_jsonl_line_is_an_error_naming_file_and_line(tmp_path, line, m
     good = json.dumps({"question": "q?", "golden_answers": ["a"]})
     path.write_text(f"{good}\n{good}\n{line}\n", encoding="utf-8")
     with pytest.raises(QADataError, match=rf"data\.jsonl:3: .*{message}"):
-        load_qa(str(path))
-
-
-def test_binary_jsonl_is_a_clear_error(tmp_path):
-    path = tmp_path / "data.jsonl"
-    path.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(QADataError, match="not UTF-8"):
         load_qa(str(path))
 
 

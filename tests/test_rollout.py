@@ -12,7 +12,7 @@ from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.branching import Forest, get_rule
 from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.samplers import sample_chains, sample_trees, to_rollout
-from treegym.agents.rollout.types import Node, Tree, Turn
+from treegym.agents.rollout.types import Budget, Node, Tree, Turn
 from treegym.agents.tree_html import tree_html
 from treegym.envs import fork
 from treegym.errors import ConfigError
@@ -117,6 +117,14 @@ def test_budget_counts_each_unique_node_once(tree_batch):
     # re-prefilling every node's full context would cost at least this much
     full = sum(len(t.prompt_ids) for t in tree_batch.trees)
     assert budget.prefill_tokens + budget.reused_tokens >= full
+
+
+def test_budgets_add_counter_by_counter():
+    one = Budget(generated_tokens=3, prefill_tokens=10, tool_calls=1, trajectories=2, env_steps=4, resampled=1)
+    two = Budget(generated_tokens=5, reused_tokens=7, trajectories=1, env_steps=2, tool_rounds=1)
+    assert one + two == Budget(generated_tokens=8, prefill_tokens=10, reused_tokens=7, tool_calls=1, trajectories=3,
+                               env_steps=6, tool_rounds=1, resampled=1)
+    assert Budget() + one == one
 
 
 def test_every_turn_keeps_an_env_snapshot_that_restores_its_state(tree_batch, env):

@@ -17,23 +17,9 @@ openenv = pytest.importorskip("openenv", reason="needs pip install 'treegym[open
 from websockets.sync.client import connect  # noqa: E402
 
 from treegym.errors import TreegymError  # noqa: E402
-from treegym.integrations.openenv import TreegymEnvClient, serve  # noqa: E402
+from treegym.integrations.openenv import TreegymEnvClient  # noqa: E402
 
 LABELS = ("answers", "supporting_ids", "supporting_titles")
-
-
-@pytest.fixture()
-def server_factory():
-    started = []
-
-    def start(env_id: str = "ProbeKeys-v0", **kwargs):
-        server = serve(env_id, port=0, **kwargs).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def _live(server) -> int:

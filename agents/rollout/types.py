@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 from treegym.envs.core import Snapshot
@@ -113,6 +113,10 @@ class Budget:
     env_steps: int = 0
     tool_rounds: int = 0  # pool steps that made at least one tool call (their calls run concurrently)
     resampled: int = 0  # first-turn beginnings drawn again to differ from a sibling's (``distinct``)
+
+    def __add__(self, other: Budget) -> Budget:
+        """What both batches cost together: each counter summed."""
+        return Budget(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
 
 @dataclass

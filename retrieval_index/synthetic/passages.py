@@ -112,8 +112,6 @@ RELATIONS: dict[str, Relation] = {
     )
 }
 
-CREATOR_RELATION = {"film": "director", "book": "author", "album": "artist"}
-
 OCCUPATIONS = ("painter", "engineer", "poet", "composer", "physician", "architect", "botanist",
                "merchant", "astronomer", "sculptor", "historian", "chemist", "diplomat", "lawyer")
 _FILLER = {
