@@ -11,9 +11,10 @@ from treegym.agents.policy import SamplingParams
 from treegym.options import json_object_option
 
 _AGENT_HELP = (
-    "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | module:callable "
+    "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | rank:MODEL | module:callable "
     "(heuristic/oracle: the scripted agents the env family's record lists, e.g. the QA agents on "
-    "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold)"
+    "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold; rank:smollm2 or "
+    "rank:MODEL_FOLDER plays the listed command the model finds most likely, on TextHousehold-Train-v0)"
 )
 
 

@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from treegym.envs.household.catalogue import CAN_CONTAIN, LAMP_HOSTS, OPENABLE
+from treegym.envs.household.listing import split_observation
 from treegym.envs.household.planner import next_command
 from treegym.envs.household.tasks import TEMPLATES, Task, make_task
 from treegym.envs.household.text import extract_command
@@ -66,14 +67,24 @@ class HouseholdHeuristic:
     """Search-and-act baseline for TextHousehold (and ALFWorld's text): ``act(messages) -> str``."""
 
     def act(self, messages: list[dict[str, str]]) -> str:
+        prefs = self.preferences(messages)
+        listed = split_observation(messages[-1].get("content", ""))[1] if len(messages) % 2 == 1 else None
+        if listed is not None:  # choose from what the observation lists, as the model must
+            shown = set(listed)
+            return next((c for c in prefs if c in shown), prefs[0])
+        return prefs[0]
+
+    def preferences(self, messages: list[dict[str, str]]) -> list[str]:
+        """The commands the heuristic would play now, best first (the first is its choice when
+        the observation lists no commands; the first one listed when it does)."""
         if not messages:
-            return "look"
-        prompt = messages[0].get("content", "")
+            return ["look"]
+        prompt = split_observation(messages[0].get("content", ""))[0]
         goal = parse_goal(prompt)
         intro = _SEE.search(prompt)
         recs = _names(intro.group(1)) if intro else []
         if goal is None or not recs:
-            return "look"
+            return ["look"]
         task_type, obj, target = goal
         loc, held, treated = "", "", False
         seen: dict[str, list[str]] = {}
@@ -82,7 +93,7 @@ class HouseholdHeuristic:
         placed: set[str] = set()
         for k in range(1, len(messages) - 1, 2):
             cmd = extract_command(messages[k].get("content", ""))
-            obs = messages[k + 1].get("content", "")
+            obs = split_observation(messages[k + 1].get("content", ""))[0]
             if obs.startswith("You arrive at "):
                 loc = cmd[len("go to "):]
                 visited.append(loc)
@@ -98,24 +109,25 @@ class HouseholdHeuristic:
             found = _SEE.search(obs)
             if found and loc:
                 seen[loc] = _names(found.group(1))
-        last = messages[-1].get("content", "") if len(messages) % 2 == 1 else ""
+        last = split_observation(messages[-1].get("content", ""))[0] if len(messages) % 2 == 1 else ""
         here = seen.get(loc, [])
 
-        def go_or(r: str, then: str) -> str:
+        def go_or(r: str, then: str) -> list[str]:
             if loc != r:
-                return f"go to {r}"
+                return [f"go to {r}"]
             if f"The {r} is closed." in last:
-                return f"open {r}"
-            return then
+                return [f"open {r}"]
+            return [then]
 
         if held and _kind(held) == obj:
             if task_type == "look_at_obj_in_light":
                 lamps = [n for n in here if n.startswith("desklamp ")]
                 if lamps:
-                    return f"use {lamps[0]}"
+                    return [f"use {lamps[0]}"]
                 hosts = [r for r in recs if _kind(r) in LAMP_HOSTS]
-                todo = [r for r in hosts if r not in since_pickup] or hosts
-                return f"go to {todo[0]}"
+                # Not the host it stands at: going there is not admissible (it picked up here).
+                todo = [r for r in hosts if r not in since_pickup and r != loc] or hosts
+                return [f"go to {r}" for r in todo]
             if task_type in TREAT and not treated:
                 verb, kind = TREAT[task_type]
                 app = next(r for r in recs if _kind(r) == kind)
@@ -123,23 +135,23 @@ class HouseholdHeuristic:
             dest = next(r for r in recs if _kind(r) == target)
             return go_or(dest, f"move {held} to {dest}")
         if held:  # wrong object: put it back where it is
-            return f"move {held} to {loc}"
+            return [f"move {held} to {loc}"]
         if f"The {loc} is closed." in last:
-            return f"open {loc}"
+            return [f"open {loc}"]
         wanted = [n for n in here if _kind(n) == obj and n not in placed]
         if wanted and _kind(loc) != target:
-            return f"take {wanted[0]} from {loc}"
+            return [f"take {wanted[0]} from {loc}"]
         spotted = [r for r, names in seen.items() if r != loc and _kind(r) != target
                    and any(_kind(n) == obj and n not in placed for n in names)]
         if spotted:
-            return f"go to {spotted[0]}"
+            return [f"go to {r}" for r in spotted]
         unvisited = [r for r in recs if r not in visited and _kind(r) != target]
         # Number 1 of every kind first (it always exists), then the 2s, ...; open kinds before
         # closed ones (opening costs a turn). Objects are spread evenly over the receptacles that
         # can hold them, so this order finds them as fast as any, and it is easy to imitate.
         todo = sorted((r for r in unvisited if obj in CAN_CONTAIN.get(_kind(r), ())),
                       key=lambda r: (_number(r), _kind(r) in OPENABLE))
-        return f"go to {(todo or unvisited or recs)[0]}"
+        return [f"go to {r}" for r in (todo or unvisited or recs)]
 
 
 class HouseholdOracle:

@@ -7,6 +7,8 @@ Specs:
   household heuristic on TextHousehold).
 - ``smollm2`` or a local HF model folder: an ``HFPolicy`` (a token-level policy).
 - ``openai:URL`` or ``openai:URL#model``: an OpenAI-compatible chat agent.
+- ``rank:smollm2`` or ``rank:MODEL_FOLDER``: ``ActionRanker``, which plays the listed command
+  the model finds most likely (envs whose observations list their commands).
 - ``module:callable``: an attribute of an importable module. A class is instantiated with no
   arguments; any other object is used as it is (an agent, a callable, or a Policy).
 """
@@ -44,11 +46,16 @@ def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = Non
     the URL names one (``#model``)."""
     spec = spec.strip()
     if not spec:
-        raise ConfigError("empty agent spec; use heuristic, oracle, smollm2, a model folder, openai:URL or module:callable")
+        raise ConfigError("empty agent spec; use heuristic, oracle, smollm2, a model folder, openai:URL, rank:MODEL "
+                          "or module:callable")
     if spec in SCRIPTED:
         return ResolvedAgent(spec, scripted_agent(spec, env_id))
     if spec.startswith("openai:"):
         return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model))
+    if spec.startswith("rank:"):
+        from treegym.agents.ranking import ActionRanker
+
+        return ResolvedAgent(spec, ActionRanker(spec[len("rank:") :] or "smollm2"))
     if spec.lower() == "smollm2" or Path(spec).expanduser().is_dir():
         from treegym.agents.hf_policy import HFPolicy
 

@@ -14,7 +14,7 @@ from treegym.agents.resolve import resolve_agent
 from treegym.agents.rollout.episode import run_episode
 from treegym.cli import main
 from treegym.errors import ConfigError
-from treegym.stats import bootstrap_interval, wilson_interval
+from treegym.stats import bootstrap_interval, t_interval, wilson_interval
 
 QA_KWARGS = {"corpus_limit": 300}
 
@@ -132,6 +132,15 @@ def test_bootstrap_interval_brackets_the_mean_and_collapses_for_constants():
     assert (iv.mean, iv.low, iv.high) == (2.0, 2.0, 2.0)
     iv = bootstrap_interval([0.0, 1.0, 0.5, 0.25])
     assert iv.low <= iv.mean <= iv.high and iv.low < iv.high
+
+
+def test_t_interval_over_seeds_uses_students_t():
+    iv = t_interval([0.1, 0.2, 0.3])  # mean 0.2, sd 0.1, n 3: t(2) = 4.303
+    assert iv.mean == pytest.approx(0.2) and iv.high - iv.mean == pytest.approx(4.303 * 0.1 / 3**0.5, rel=1e-6)
+    assert iv.low == pytest.approx(2 * 0.2 - iv.high)
+    assert t_interval([0.2] * 40).high == pytest.approx(0.2)  # past 30 degrees of freedom: the normal's quantile
+    one = t_interval([0.5])
+    assert one.mean == 0.5 and one.low != one.low  # one seed has no interval (nan)
 
 
 def test_eval_refuses_zero_turns_and_an_out_path_that_is_a_file(tmp_path, capsys):

@@ -38,6 +38,9 @@ def test_each_env_family_trains_from_its_defaults(env_id: str, tiny_chat_model: 
     saved = json.loads(json.dumps(__import__("yaml").safe_load((folder / "config.yaml").read_text())))
     if env_id == "TextHousehold-v0":
         assert saved["run"]["eval_split"] == "auto" and saved["sampler"]["max_turns"] == 10
+        assert saved["sampler"]["max_context_tokens"] == 2048  # the family's, for the listed commands
+        # It trains on the training variant, whose observations list the admissible commands.
+        assert "Your admissible actions of the current situation are: [" in (folder / "trees.html").read_text()
 
 
 def test_final_weights_load_as_a_model_for_the_next_run(tiny_chat_model: Path, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 A leaf module: it imports no treegym layer, so every layer (and the face) can import it.
 Wilson score intervals for 0/1 rates (success, EM), which stay inside [0, 1] and behave at
 small n; a seeded percentile bootstrap for means (F1, turns, tool calls, well-formed share)
-and for paired differences on the same tasks.
+and for paired differences on the same tasks; Student's t for a mean over a few independent
+runs (training seeds), where a bootstrap over 3 values is too narrow.
 """
 
 from __future__ import annotations
@@ -49,6 +50,23 @@ def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int
     rng = np.random.default_rng(seed)
     means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
     return Interval(float(x.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975)))
+
+
+# Student's t, 97.5% quantile, by degrees of freedom (1..30); the normal's beyond.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: Sequence[float]) -> Interval:
+    """Student-t 95% interval of a mean over a few independent runs (e.g. training seeds); one
+    value (or none) has no interval (nan bounds)."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        m = float(x.mean()) if x.size else math.nan
+        return Interval(m, math.nan, math.nan)
+    t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else Z95
+    mean, half = float(x.mean()), t * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return Interval(mean, mean - half, mean + half)
 
 
 def paired_difference(after: Sequence[float], before: Sequence[float]) -> Interval:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, Plan, StepResult, require_running
+from treegym.envs.household import listing
 from treegym.envs.household.tasks import (
     SPLIT_ALIASES,
     SPLITS,
@@ -20,6 +21,10 @@ from treegym.envs.household.text import extract_command, opening_prompt
 from treegym.envs.household.world import Action, State, actions, apply, goal_met, look_text
 
 NOTHING = "Nothing happens."
+# The admissible-commands cap (list_admissible=True): the whole list when it fits in
+# LIST_MAX_TOKENS tokens, else the LIST_TOP_N most relevant (measured: docs/household.md).
+LIST_TOP_N = 10
+LIST_MAX_TOKENS = 96
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,15 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     admissible (unknown verb or object, out of reach, empty, garbled, 1 MB) gives
     "Nothing happens." and ``info["invalid_action"] = True``; it still counts as a step.
 
+    With ``list_admissible=True`` every observation follows verl-agent's ALFWorld layout instead:
+    the task ("Your task is to: ..."), the feedback above, and "Your admissible actions of the
+    current situation are: [...]." (the opening prompt ends with that line). The list is capped
+    for context: all commands, most relevant first, when they fit in ``list_max_tokens``
+    tokens (estimated at 3 characters a token), else the ``list_top_n`` most relevant
+    (``listing.rank_commands``: the goal object's commands, open/close/use here, go to the
+    target, the treatment's appliance and places that can hold the goal object, other go to,
+    the rest). ``help`` is never listed. Commands left off stay admissible.
+
     **Reward.** 1 on the step that achieves the goal, else 0. The episode terminates on success
     and is truncated after ``max_steps`` steps. ``invalid_penalty`` (default 0; 0.1 in the
     training variant ``TextHousehold-Train-v0``, as verl-agent trains ALFWorld) is subtracted on
@@ -67,7 +81,8 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
 
     **Arguments.** ``split`` (train | seen | unseen, or valid_seen / valid_unseen),
     ``task_types`` (default all six), ``max_steps`` (default 50, ALFWorld's usual budget),
-    ``invalid_penalty`` (default 0),
+    ``invalid_penalty`` (default 0), ``list_admissible`` (default False: ALFWorld's own text),
+    ``list_top_n`` (default 10) and ``list_max_tokens`` (default 96): the cap above,
     ``render_mode`` (None or "ansi": ``render()`` returns the ``look`` text).
 
     **Agreement with ALFWorld's TextWorld engine.** ``tests/test_household_alfworld.py`` exports
@@ -116,6 +131,9 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         max_action_chars: int = 1 << 20,
         render_mode: str | None = None,
         invalid_penalty: float = 0.0,
+        list_admissible: bool = False,
+        list_top_n: int = LIST_TOP_N,
+        list_max_tokens: int = LIST_MAX_TOKENS,
     ) -> None:
         super().__init__(max_obs_chars=1 << 16, max_action_chars=max_action_chars, render_mode=render_mode)
         self.split = normalize_split(split)
@@ -124,6 +142,10 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         self.invalid_penalty = float(invalid_penalty)
         if not 0.0 <= self.invalid_penalty <= 1.0:
             raise ValueError(f"invalid_penalty must be in [0, 1], got {invalid_penalty!r}")
+        self.list_admissible = bool(list_admissible)
+        self.list_top_n, self.list_max_tokens = int(list_top_n), int(list_max_tokens)
+        if self.list_top_n < 1 or self.list_max_tokens < 0:
+            raise ValueError(f"list_top_n must be >= 1 and list_max_tokens >= 0, got {list_top_n!r}, {list_max_tokens!r}")
         self._task: Task | None = None
         # The admissible actions of the last state seen: (state, command -> action). Read-only
         # once built, so forks may share it.
@@ -156,6 +178,12 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
             self._acts = (game, acts, tuple(sorted(acts)))
         return self._acts[1], self._acts[2]
 
+    def listed(self) -> list[str]:
+        """The commands the observation lists now (``list_admissible``): see ``listing``."""
+        goal = self.task().world.goal
+        return listing.listed_commands(self._actions(self.state.game)[1], goal.task_type, goal.obj, goal.target,
+                                       self.list_top_n, self.list_max_tokens)
+
     def _info(self, invalid: bool) -> dict[str, Any]:
         s = self.state
         task = self.task()
@@ -187,7 +215,10 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
             f"-= Welcome to TextWorld, ALFRED! =-\n\n{look_text(task.world, task.initial, intro=True)}\n\n"
             f"Your task is to: {task.description}."
         )
-        return self.state, opening_prompt(intro), self._info(False)
+        prompt = opening_prompt(intro)
+        if self.list_admissible:
+            prompt += "\n" + listing.actions_line(self.listed())
+        return self.state, prompt, self._info(False)
 
     def plan(self, action: str) -> Plan:
         # No external tools: the whole step happens in resolve(); plan only parses.
@@ -210,6 +241,8 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         self.state = HouseholdState(s.task_id, game, s.steps + 1, won)
         truncated = not won and self.state.steps >= self.max_steps
         info = self._info(action is None)
+        if self.list_admissible:
+            obs = listing.observation(self.task().description, obs, self.listed())
         if won or truncated:
             info["success"] = float(won)
         return obs, reward, won, truncated, info
