@@ -5,14 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from treegym.trainers.config import (
-    add_options,
-    env_defaults_text,
-    given_overrides,
-    help_text,
-    load_config,
-    parse_overrides,
-)
+from treegym.trainers.config import add_config_command, config_from_args, env_defaults_text, help_text
 
 EXAMPLES = """\
 examples:
@@ -34,25 +27,17 @@ FLAGS = {"algo": "algo", "env": "env", "model": "model", "steps": "steps", "seed
 
 
 def add_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "train",
-        help="train a policy with GRPO, Tree-GRPO or TreeOPSD",
-        description="Train an LLM agent on a forkable env. Writes a run folder (config, metrics.jsonl, "
-        "TensorBoard events, checkpoints, plots, trees.html) and resumes from its latest checkpoint.",
-        epilog=EXAMPLES.format(env_defaults=env_defaults_text()) + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", help="YAML file of config fields (nested by section)")
-    add_options(p, FLAGS)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=train_command, accepts_overrides=True)
+    add_config_command(subparsers, "train", FLAGS, train_command,
+                       help="train a policy with GRPO, Tree-GRPO or TreeOPSD",
+                       description="Train an LLM agent on a forkable env. Writes a run folder (config, metrics.jsonl, "
+                       "TensorBoard events, checkpoints, plots, trees.html) and resumes from its latest checkpoint.",
+                       epilog=EXAMPLES.format(env_defaults=env_defaults_text()) + help_text())
 
 
 def train_command(args: argparse.Namespace) -> int:
     from treegym.trainers.recipe import train_with_recipe
 
-    overrides = given_overrides(args, FLAGS) + parse_overrides(getattr(args, "overrides", []) or [])
-    summary = train_with_recipe(load_config(args.config, overrides), progress=not args.no_progress)
+    summary = train_with_recipe(config_from_args(args, FLAGS), progress=not args.no_progress)
     if summary:
         print(summary)
     return 0

@@ -433,3 +433,21 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
 def given_overrides(args: Any, flags: dict[str, str]) -> list[tuple[str, Any]]:
     """The ``(path, value)`` of each flag of ``add_options`` that the command line gave."""
     return [(path, getattr(args, path)) for path in flags.values() if hasattr(args, path)]
+
+
+def add_config_command(subparsers: Any, name: str, flags: dict[str, str], func: Any, **parser_kwargs: Any) -> None:
+    """A subcommand whose options are config fields: ``--config`` (a YAML file), the ``flags``
+    (``add_options``), ``--no-progress``, and any field as ``--section.field=value``."""
+    import argparse
+
+    p = subparsers.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
+    p.add_argument("--config", help="YAML file of config fields (nested by section), under the flags")
+    add_options(p, flags)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=func, accepts_overrides=True)
+
+
+def config_from_args(args: Any, flags: dict[str, str]) -> TrainConfig:
+    """The config a command line of ``add_config_command`` asks for: the YAML file, then the flags,
+    then the overrides."""
+    return load_config(args.config, given_overrides(args, flags) + parse_overrides(getattr(args, "overrides", []) or []))
