@@ -194,15 +194,11 @@ def evaluate(
     prompts = chosen_prompts(env, n)
     out_dir = Path(out) if out is not None else None
     files: dict[str, str] = {}
-    bar = progress_bar(n, f"eval {resolved.name}", progress)
-    try:
+    with progress_bar(n, f"eval {resolved.name}", progress) as bar:
         if resolved.is_policy:
             episodes = _run_policy(resolved.obj, env, prompts, params, max_turns, mode, batch_size, bar)
         else:
             episodes = play_episodes(env, resolved.obj, prompts, max_turns, bar)
-    finally:
-        if bar is not None:
-            bar.close()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         files["traces"] = str(write_traces(out_dir / "traces.jsonl", episodes))
@@ -345,10 +341,8 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def progress_bar(total: int, desc: str, enabled: bool) -> Any:
-    """A tqdm bar counting episodes, or None when progress is off."""
-    if not enabled:
-        return None
+def progress_bar(total: int, desc: str, enabled: bool, unit: str = "ep", leave: bool = True) -> Any:
+    """A tqdm bar counting episodes (or ``unit``); a silent one when progress is off."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="ep")
+    return tqdm(total=total, desc=desc, unit=unit, leave=leave, disable=not enabled)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from treegym.cli import build_parser
-from treegym.trainers.config import load_config, parse_overrides
+from treegym.trainers.cli_train import FLAGS as TRAIN_FLAGS
+from treegym.trainers.config import given_overrides, load_config, parse_overrides
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MAX_LINES = 250
@@ -63,8 +64,7 @@ def test_readme_command_parses(argv: list[str]) -> None:
     if extra:
         assert getattr(args, "accepts_overrides", False), f"unrecognized arguments: {extra}"
     if args.command == "train":  # its overrides are config fields: they must load and validate
-        overrides = [(p, v) for p, v in (("algo", args.algo), ("env", args.env), ("steps", args.steps)) if v is not None]
-        load_config(None, overrides + parse_overrides(extra))
+        load_config(None, given_overrides(args, TRAIN_FLAGS) + parse_overrides(extra))
     subcommand = [a for a in argv if not a.startswith("-")][:2]
     with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as exit_:
         build_parser().parse_known_args([*subcommand[: _depth(argv[0])], "--help"])

@@ -163,6 +163,10 @@ def test_the_configs_choices_are_the_ones_the_implementations_take() -> None:
         advantages.tree_grpo(batch, prefix_credit=credit)
     for root in choices(AdvantageConfig, "opsd_root"):
         advantages.treeopsd(batch, root=root)
+    for mode in choices(AdvantageConfig, "tree_mode"):
+        advantages.tree_grpo(batch, mode=mode)
+    with pytest.raises(ConfigError):
+        advantages.tree_grpo(batch, mode="inter")
     with pytest.raises(ConfigError):
         losses.aggregate(values, mask, "per-token-sum")
     with pytest.raises(ConfigError):

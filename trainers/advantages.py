@@ -22,7 +22,7 @@ from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
 from treegym.errors import ConfigError
-from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS
+from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS, TREE_MODES
 
 EPS = 1e-6
 
@@ -79,7 +79,7 @@ def tree_grpo_advantages(
         return group_normalize(rewards, tree_key, eps=eps)
     if mode == "prompt-then-tree":
         return group_normalize(group_normalize(rewards, prompt, eps=eps), tree_key, eps=eps)
-    raise ConfigError(f"tree-grpo mode {mode!r} is not one of: inter+intra, intra, prompt-then-tree")
+    raise ConfigError(f"tree-grpo mode {mode!r} is not one of: {', '.join(TREE_MODES)}")
 
 
 def backed_up_values(parent: Tensor, leaf_reward: Tensor, is_leaf: Tensor) -> Tensor:
@@ -170,24 +170,28 @@ def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", prefix_
     return TokenAdvantages(out.advantages, _turn_weights(rollouts, index), out.per_rollout)
 
 
+def _path(r: Rollout, index: dict[tuple[int, int, int], int]) -> list[int]:
+    """The flat indices (``tree_structure``) of the nodes of ``r``'s turns, in order."""
+    return [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
+
+
+def _per_token(r: Rollout, per_turn: Tensor, off: float) -> Tensor:
+    """Each action token of ``r`` gets its turn's value; the other tokens get ``off``."""
+    turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
+    on = torch.tensor(r.loss_mask, dtype=torch.bool) & (turn >= 0)
+    out = torch.full((len(turn),), off)
+    if on.any():
+        out[on] = per_turn[turn[on]].to(torch.float32)
+    return out
+
+
 def _turn_weights(rollouts: Sequence[Rollout], index: dict[tuple[int, int, int], int]) -> list[Tensor]:
     """Per-token 1/multiplicity: a turn shared by j kept rollouts counts once in the loss."""
     multiplicity: dict[int, int] = {}
     for r in rollouts:
-        for node in r.node_path:
-            i = index[(r.prompt_index, r.tree_index, node)]
+        for i in _path(r, index):
             multiplicity[i] = multiplicity.get(i, 0) + 1
-    weights = []
-    for r in rollouts:
-        flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
-        turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
-        on = torch.tensor(r.loss_mask, dtype=torch.bool) & (turn >= 0)
-        w = torch.ones(len(turn))
-        if on.any():
-            mult = torch.tensor([float(multiplicity[i]) for i in flat])
-            w[on] = 1.0 / mult[turn[on]]
-        weights.append(w)
-    return weights
+    return [_per_token(r, 1.0 / torch.tensor([float(multiplicity[i]) for i in _path(r, index)]), 1.0) for r in rollouts]
 
 
 def tree_structure(
@@ -205,24 +209,20 @@ def tree_structure(
     reward: list[float] = []
     leaf: list[bool] = []
     prompt_of: list[int] = []
-    for r in rollouts:
-        root = (r.prompt_index, -1, -1) if prompt_root else (r.prompt_index, r.tree_index, -1)
-        if root not in index:
-            index[root] = len(parent)
-            parent.append(-1)
+
+    def node_at(key: tuple[int, int, int], up: int) -> int:
+        if key not in index:
+            index[key] = len(parent)
+            parent.append(up)
             reward.append(0.0)
             leaf.append(False)
-            prompt_of.append(r.prompt_index)
-        prev = index[root]
+            prompt_of.append(key[0])
+        return index[key]
+
+    for r in rollouts:
+        prev = node_at((r.prompt_index, -1, -1) if prompt_root else (r.prompt_index, r.tree_index, -1), -1)
         for depth, node in enumerate(r.node_path):
-            key = (r.prompt_index, r.tree_index, node)
-            if key not in index:
-                index[key] = len(parent)
-                parent.append(prev)
-                reward.append(0.0)
-                leaf.append(False)
-                prompt_of.append(r.prompt_index)
-            i = index[key]
+            i = node_at((r.prompt_index, r.tree_index, node), prev)
             if depth == len(r.node_path) - 1:
                 leaf[i] = True
                 reward[i] = r.reward
@@ -291,18 +291,13 @@ def treeopsd(
     weights = _turn_weights(rollouts, index)
     advs, summary = [], []
     for j, r in enumerate(rollouts):
-        flat = [index[(r.prompt_index, r.tree_index, node)] for node in r.node_path]
+        flat = _path(r, index)
         per_turn = credit[flat] if flat else torch.zeros(0)
         if normalize_std:
             per_turn = per_turn / (scale[r.prompt_index] + eps)
         if blend < 1.0:
             per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
-        turn = torch.tensor(r.turn_of_token, dtype=torch.int64)
-        on = (torch.tensor(r.loss_mask, dtype=torch.bool)) & (turn >= 0)
-        adv = torch.zeros(len(turn))
-        if on.any():
-            adv[on] = per_turn[turn[on]].to(torch.float32)
-        advs.append(adv)
+        advs.append(_per_token(r, per_turn, 0.0))
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
     return TokenAdvantages(advs, weights, torch.tensor(summary), {"single_child_frac": single_child})
 

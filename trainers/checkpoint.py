@@ -153,13 +153,11 @@ def load_latest_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torc
     return None
 
 
-def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path,
-                state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters).
-    ``state_dict``: the full weights of a sharded model, gathered on this process."""
+def save_policy(model: torch.nn.Module, tokenizer: Any, folder: Path) -> Path:
+    """The trained policy as a HF folder that ``--model`` loads: weights only (LoRA: the adapters)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
+    model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)

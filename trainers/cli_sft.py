@@ -6,14 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from treegym.trainers.config import (
-    SFTConfig,
-    add_options,
-    env_defaults_text,
-    given_overrides,
-    load_config,
-    parse_overrides,
-)
+from treegym.trainers.config import SFTConfig, add_config_command, config_from_args, env_defaults_text
 
 DESCRIPTION = """\
 Supervised warm start before RL. An untrained small model rarely writes a well-formed
@@ -61,24 +54,15 @@ FLAGS = {
 
 
 def add_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "sft",
-        help="supervised warm start on expert episodes (then: treegym train --model OUT)",
-        description=DESCRIPTION,
-        epilog=EXAMPLES + "\n" + env_defaults_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", help="YAML file of config fields (nested by section), under the flags")
-    add_options(p, FLAGS)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run_sft_command, accepts_overrides=True)
+    add_config_command(subparsers, "sft", FLAGS, run_sft_command, description=DESCRIPTION,
+                       help="supervised warm start on expert episodes (then: treegym train --model OUT)",
+                       epilog=EXAMPLES + "\n" + env_defaults_text())
 
 
 def run_sft_command(args: argparse.Namespace) -> int:
     from treegym.trainers.sft import run_sft
 
-    cfg = load_config(args.config, given_overrides(args, FLAGS) + parse_overrides(getattr(args, "overrides", []) or []))
-    result = run_sft(cfg, progress=not args.no_progress)
+    result = run_sft(config_from_args(args, FLAGS), progress=not args.no_progress)
     print(summary_table(result))
     print(f"next: treegym train --model {result.folder}")
     return 0

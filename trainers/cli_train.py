@@ -5,14 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from treegym.trainers.config import (
-    TrainConfig,
-    choices,
-    env_defaults_text,
-    help_text,
-    load_config,
-    parse_overrides,
-)
+from treegym.trainers.config import add_config_command, config_from_args, env_defaults_text, help_text
 
 EXAMPLES = """\
 examples:
@@ -28,39 +21,23 @@ Every config field can be overridden as --section.field=value (or --field=value 
 name is unique). Fields, with their defaults:
 """
 
+# flag -> config field; every other field is --section.field=value
+FLAGS = {"algo": "algo", "env": "env", "model": "model", "steps": "steps", "seed": "seed", "out": "run.out_dir",
+         "name": "run.name"}
+
 
 def add_commands(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "train",
-        help="train a policy with GRPO, Tree-GRPO or TreeOPSD",
-        description="Train an LLM agent on a forkable env. Writes a run folder (config, metrics.jsonl, "
-        "TensorBoard events, checkpoints, plots, trees.html) and resumes from its latest checkpoint.",
-        epilog=EXAMPLES.format(env_defaults=env_defaults_text()) + help_text(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--algo", choices=choices(TrainConfig, "algo"), help=f"algorithm (default: {TrainConfig.algo})")
-    p.add_argument("--env", help="env id, or module:Class (default: TreeSearchQA-v0)")
-    p.add_argument("--model", help="smollm2, or a local HF model folder (default: smollm2)")
-    p.add_argument("--config", help="YAML file of config fields (nested by section)")
-    p.add_argument("--steps", type=int, help="training steps")
-    p.add_argument("--seed", type=int, help="seed")
-    p.add_argument("--out", help="folder for run folders (run.out_dir)")
-    p.add_argument("--name", help="run folder name; an existing run of that name is resumed")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=train_command, accepts_overrides=True)
+    add_config_command(subparsers, "train", FLAGS, train_command,
+                       help="train a policy with GRPO, Tree-GRPO or TreeOPSD",
+                       description="Train an LLM agent on a forkable env. Writes a run folder (config, metrics.jsonl, "
+                       "TensorBoard events, checkpoints, plots, trees.html) and resumes from its latest checkpoint.",
+                       epilog=EXAMPLES.format(env_defaults=env_defaults_text()) + help_text())
 
 
 def train_command(args: argparse.Namespace) -> int:
     from treegym.trainers.recipe import train_with_recipe
 
-    overrides: list[tuple[str, Any]] = []
-    for key, path in (("algo", "algo"), ("env", "env"), ("model", "model"), ("steps", "steps"),
-                      ("seed", "seed"), ("out", "run.out_dir"), ("name", "run.name")):  # fmt: skip
-        value = getattr(args, key)
-        if value is not None:
-            overrides.append((path, value))
-    overrides += parse_overrides(getattr(args, "overrides", []) or [])
-    summary = train_with_recipe(load_config(args.config, overrides), progress=not args.no_progress)
+    summary = train_with_recipe(config_from_args(args, FLAGS), progress=not args.no_progress)
     if summary:
         print(summary)
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,16 +22,21 @@ from treegym.errors import ConfigError
 
 # Each choice's names, written once: the config offers them and the implementations check
 # against them (``trainers/algorithms.ALGORITHMS``, ``losses.aggregate``, ``advantages``);
-# tests/test_train_config.py runs every one through its implementation.
+# tests/test_train_config.py runs every one through its implementation. Branching rules are
+# ``treegym.agents.rollout.branching.RULES``'s, checked by ``validate``.
 ALGORITHMS = ("grpo", "tree-grpo", "treeopsd")
 AGGREGATIONS = ("token-mean", "seq-mean", "constant")
 PREFIX_CREDITS = ("per_leaf", "per_turn")
 OPSD_ROOTS = ("tree", "prompt")
+TREE_MODES = ("inter+intra", "intra", "prompt-then-tree")
 
 
-def opt(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
-    """A config field: its default, its help string, and (optionally) its valid values."""
-    meta = {"help": help, "choices": tuple(choices) if choices else None}
+def opt(default: Any, help: str, choices: Sequence[Any] | None = None, *, positive: bool = False,
+        at_most_one: bool = False) -> Any:
+    """A config field: its default, its help string, and (optionally) its valid values. Every number
+    is >= 0; ``positive`` ones > 0, and ``at_most_one`` ones <= 1."""
+    meta = {"help": help, "choices": tuple(choices) if choices else None, "positive": positive,
+            "at_most_one": at_most_one}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -40,21 +44,20 @@ def opt(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
 
 @dataclass
 class SamplerConfig:
-    group_size: int = opt(6, "chains per prompt (GRPO's G)")
-    trees: int = opt(2, "trees per prompt (Tree-GRPO's m)")
+    group_size: int = opt(6, "chains per prompt (GRPO's G)", positive=True)
+    trees: int = opt(2, "trees per prompt (Tree-GRPO's m)", positive=True)
     expand_nodes: int = opt(2, "nodes expanded per round (n)")
     rounds: int = opt(1, "expansion rounds (l)")
-    leaves: int = opt(3, "leaves kept per tree (k)")
-    expansion: str = opt("with_replacement", "branching rule: which nodes a round forks (with_replacement = the "
-                         "reference; pivot, restart, pivot+restart, ...: treegym.agents.rollout.branching.RULES), "
-                         "or module:function of your own rule")
+    leaves: int = opt(3, "leaves kept per tree (k)", positive=True)
+    expansion: str = opt("with_replacement", "branching rule: which nodes a round forks, a name in "
+                         "treegym.agents.rollout.branching.RULES (with_replacement: the reference) or module:function")
     distinct: int = opt(0, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off)")
     distinct_retries: int = opt(4, "resamples of a repeated branch beginning (with sampler.distinct)")
-    temperature: float = opt(1.0, "sampling temperature")
-    top_p: float = opt(1.0, "nucleus sampling mass")
-    max_new_tokens: int = opt(48, "max tokens per turn")
+    temperature: float = opt(1.0, "sampling temperature (> 0: training needs sampled log-probs)", positive=True)
+    top_p: float = opt(1.0, "nucleus sampling mass", positive=True, at_most_one=True)
+    max_new_tokens: int = opt(48, "max tokens per turn", positive=True)
     ignore_eos: bool = opt(False, "EOS does not end a turn: every turn is max_new_tokens long (probe tasks)")
-    max_turns: int = opt(2, "the env's turn budget")
+    max_turns: int = opt(2, "the env's turn budget", positive=True)
     context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
     backend: str = opt("auto", "rollout engine: transformers (hf), vLLM colocated in the trainer (vllm: GPU, one "
@@ -65,13 +68,14 @@ class SamplerConfig:
 
 @dataclass
 class AdvantageConfig:
-    tree_mode: str = opt("inter+intra", "Tree-GRPO normalisation", ["inter+intra", "intra", "prompt-then-tree"])
+    tree_mode: str = opt("inter+intra", "Tree-GRPO normalisation", TREE_MODES)
     use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
     normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
     prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", PREFIX_CREDITS)
     opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", OPSD_ROOTS)
     opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
-    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (AgentOPSD: 0.5)")
+    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (AgentOPSD: 0.5)",
+                              at_most_one=True)
 
 
 @dataclass
@@ -82,18 +86,19 @@ class LossConfig:
     kl_coef: float = opt(0.001, "coefficient of the KL penalty (with use_kl)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     agg: str = opt("token-mean", "how per-token losses are reduced", AGGREGATIONS)
-    constant_normalizer: float = opt(1024.0, "divisor for agg=constant")
-    beta: float = opt(1.0, "TreeOPSD temperature β of the teacher map exp(A/β)")
+    constant_normalizer: float = opt(1024.0, "divisor for agg=constant", positive=True)
+    beta: float = opt(1.0, "TreeOPSD temperature β of the teacher map exp(A/β)", positive=True)
     eps: float = opt(1.0, "TreeOPSD bound ε on the target ratio (1: a step weight |r*-1| of about |A|, as PPO's)")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = opt(2e-5, "AdamW learning rate")
+    lr: float = opt(2e-5, "AdamW learning rate", positive=True)
     weight_decay: float = opt(0.0, "AdamW weight decay")
-    ppo_epochs: int = opt(1, "passes over each rollout batch")
-    mini_batch_size: int = opt(6, "rollouts per optimiser step")
-    micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)")
+    ppo_epochs: int = opt(1, "passes over each rollout batch", positive=True)
+    mini_batch_size: int = opt(6, "rollouts per optimiser step", positive=True)
+    micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)",
+                                positive=True)
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
     skip_empty_steps: bool = opt(True, "skip the optimiser step of a mini-batch whose gradient is exactly 0 (all advantages 0): AdamW's momentum would move the weights anyway")
 
@@ -114,7 +119,7 @@ class ModelConfig:
 @dataclass
 class RunConfig:
     out_dir: str = opt("runs", "where run folders are created")
-    name: str = opt("", "run folder name (default: algo-env-time)")
+    name: str = opt("", "run folder name (empty: algo-env-time); a run of that name resumes")
     resume: bool = opt(True, "continue from the latest checkpoint when the run folder has one")
     log_every: int = opt(1, "steps between metric lines")
     save_every: int = opt(5, "steps between checkpoints (0 = only at the end)")
@@ -145,26 +150,26 @@ class SFTConfig:
     traces: str = opt("", "read episodes from this traces.jsonl (or its folder; `treegym eval --out DIR` writes one) "
                       "instead of running an expert")
     # 64 QA episodes (52 kept), one epoch: 610 s on 2 CPU cores, well-formed actions 14% -> 100%.
-    episodes: int = opt(64, "treegym sft: expert episodes to run")
+    episodes: int = opt(64, "treegym sft: expert episodes to run", positive=True)
     keep_wrong: bool = opt(False, "also imitate episodes that did not succeed")
-    epochs: int = opt(1, "passes over the episodes")
-    lr: float = opt(1e-4, "treegym sft: AdamW learning rate (warm-up, then linear decay)")
-    batch_size: int = opt(8, "episodes per optimiser step")
-    micro_batch_size: int = opt(4, "episodes per forward/backward")
+    epochs: int = opt(1, "passes over the episodes", positive=True)
+    lr: float = opt(1e-4, "treegym sft: AdamW learning rate (warm-up, then linear decay)", positive=True)
+    batch_size: int = opt(8, "episodes per optimiser step", positive=True)
+    micro_batch_size: int = opt(4, "episodes per forward/backward", positive=True)
     weight_decay: float = opt(0.0, "AdamW weight decay")
-    warmup: float = opt(0.1, "share of the optimiser steps that warm the learning rate up")
+    warmup: float = opt(0.1, "share of the optimiser steps that warm the learning rate up", at_most_one=True)
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
 
 
 @dataclass
 class TrainConfig:
     algo: str = opt("tree-grpo", "algorithm", ALGORITHMS)
-    env: str = opt("TreeSearchQA-v0", "environment id")
+    env: str = opt("TreeSearchQA-v0", "environment id, or module:Class")
     env_kwargs: dict = opt({}, "keyword arguments for the env, over its training variant's (TreeSearchQA-Train-v0: {index: bm25, format_score: true})")
     model: str = opt("smollm2", "model: smollm2, or a local HF model folder")
     seed: int = opt(0, "seed for prompts, sampling and init")
-    steps: int = opt(3, "training steps")
-    prompts_per_step: int = opt(1, "prompts sampled per step (per process under torchrun)")
+    steps: int = opt(3, "training steps", positive=True)
+    prompts_per_step: int = opt(1, "prompts sampled per step (per process under torchrun)", positive=True)
     token_budget: int = opt(0, "stop once this many tokens have been generated in rollouts (0 = no limit)")
     tool_budget: int = opt(0, "stop once rollouts have made this many tool calls (0 = no limit)")
     warm_start: str = opt("auto", "supervised warm start on the env's expert before RL, cached under TREEGYM_HOME "
@@ -215,10 +220,7 @@ def get_path(cfg: Any, path: str) -> Any:
     return cfg
 
 
-def _coerce(path: str, value: Any, t: Any) -> Any:
-    origin = typing.get_origin(t)
-    if origin in (typing.Union, types.UnionType):
-        t = next(a for a in typing.get_args(t) if a is not type(None))
+def _coerce(path: str, value: Any, t: type) -> Any:
     try:
         if t is bool:
             if isinstance(value, bool):
@@ -237,7 +239,7 @@ def _coerce(path: str, value: Any, t: Any) -> Any:
             return float(value)
         if t is str:
             return str(value)
-        if t is dict or typing.get_origin(t) is dict:
+        if t is dict:
             if isinstance(value, str):
                 value = yaml.safe_load(value) or {}
             if not isinstance(value, dict):
@@ -300,33 +302,20 @@ def parse_overrides(args: Sequence[str]) -> list[tuple[str, str]]:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check choices and ranges; raise ConfigError naming the field and its valid values."""
     for path, f in leaf_paths().items():
-        obj = get_path(cfg, path)
-        choices = f.metadata.get("choices")
-        if choices and obj not in choices:
-            raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, choices))}")
-        if isinstance(obj, float) and not math.isfinite(obj):
+        obj, meta = get_path(cfg, path), f.metadata
+        if meta["choices"] and obj not in meta["choices"]:
+            raise ConfigError(f"config field {path}: {obj!r} is not one of: {', '.join(map(str, meta['choices']))}")
+        if isinstance(obj, bool) or not isinstance(obj, (int, float)):
+            continue
+        if not math.isfinite(obj):
             raise ConfigError(f"config field {path}: must be a finite number, got {obj}")
-        if isinstance(obj, (int, float)) and not isinstance(obj, bool) and obj < 0:
-            raise ConfigError(f"config field {path}: must be >= 0, got {obj}")
-    positive = ["steps", "prompts_per_step", "sampler.group_size", "sampler.trees", "sampler.leaves",
-                "sampler.max_new_tokens", "sampler.max_turns", "optim.ppo_epochs", "optim.mini_batch_size",
-                "optim.micro_batch_size", "optim.lr", "loss.beta", "loss.constant_normalizer", "sft.episodes",
-                "sft.epochs", "sft.batch_size", "sft.micro_batch_size", "sft.lr"]  # fmt: skip
-    for path in positive:
-        obj = get_path(cfg, path)
-        if obj <= 0:
-            raise ConfigError(f"config field {path}: must be > 0, got {obj}")
-    if cfg.sampler.temperature <= 0:
-        raise ConfigError("config field sampler.temperature: must be > 0 (training needs sampled log-probs)")
-    if not 0 < cfg.sampler.top_p <= 1:
-        raise ConfigError(f"config field sampler.top_p: must be in (0, 1], got {cfg.sampler.top_p}")
-    if not 0 <= cfg.advantage.opsd_lambda <= 1:
-        raise ConfigError(f"config field advantage.opsd_lambda: must be in [0, 1], got {cfg.advantage.opsd_lambda}")
+        if meta["at_most_one"] and not (0 < obj <= 1 if meta["positive"] else 0 <= obj <= 1):
+            raise ConfigError(f"config field {path}: must be in {'(' if meta['positive'] else '['}0, 1], got {obj}")
+        if obj < 0 or (meta["positive"] and obj == 0):
+            raise ConfigError(f"config field {path}: must be {'>' if meta['positive'] else '>='} 0, got {obj}")
     from treegym.agents.rollout.branching import get_rule
 
     get_rule(cfg.sampler.expansion)  # a ConfigError names the registered rules
-    if cfg.sft.warmup > 1:
-        raise ConfigError(f"config field sft.warmup: must be in [0, 1], got {cfg.sft.warmup}")
     return cfg
 
 
@@ -444,3 +433,21 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
 def given_overrides(args: Any, flags: dict[str, str]) -> list[tuple[str, Any]]:
     """The ``(path, value)`` of each flag of ``add_options`` that the command line gave."""
     return [(path, getattr(args, path)) for path in flags.values() if hasattr(args, path)]
+
+
+def add_config_command(subparsers: Any, name: str, flags: dict[str, str], func: Any, **parser_kwargs: Any) -> None:
+    """A subcommand whose options are config fields: ``--config`` (a YAML file), the ``flags``
+    (``add_options``), ``--no-progress``, and any field as ``--section.field=value``."""
+    import argparse
+
+    p = subparsers.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
+    p.add_argument("--config", help="YAML file of config fields (nested by section), under the flags")
+    add_options(p, flags)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=func, accepts_overrides=True)
+
+
+def config_from_args(args: Any, flags: dict[str, str]) -> TrainConfig:
+    """The config a command line of ``add_config_command`` asks for: the YAML file, then the flags,
+    then the overrides."""
+    return load_config(args.config, given_overrides(args, flags) + parse_overrides(getattr(args, "overrides", []) or []))

@@ -69,11 +69,6 @@ class Engine:
     backend: str  # "hf" or "vllm"
     replica: nn.Module | None = None  # the full-weight copy an HF policy samples (FSDP), else None
 
-    @property
-    def shares_weights(self) -> bool:
-        """Whether the policy reads the trained model itself (nothing to push)."""
-        return self.backend == "hf" and self.replica is None
-
     def before_update(self) -> None:
         """Free what sampling holds on the GPU (vLLM sleeps; its KV is stale after the update anyway)."""
         if self.backend == "vllm":

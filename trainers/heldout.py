@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from treegym.agents.eval import progress_bar
 from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.stats import Interval, paired_difference
@@ -36,17 +37,10 @@ def play_heldout(policy: Policy, env: Any, prompts: Sequence[Any], params: Sampl
 
     if not prompts:
         return None
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(prompts) * max_turns, desc=f"held-out eval ({len(prompts)} prompts)", unit="turn", leave=False)
-    try:
+    with progress_bar(len(prompts) * max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn",
+                      leave=False) as bar:
         batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode,  # type: ignore[arg-type]
                               max_context_tokens=max_context_tokens, progress=bar)
-    finally:
-        if bar is not None:
-            bar.close()
     return heldout_from_batch(batch)
 
 

@@ -34,23 +34,22 @@ class PaddedBatch:
     extras: dict[str, Tensor]  # per-token tensors aligned with targets (advantages, weights ...)
 
 
+def pad_right(rows: Sequence[Sequence[float] | Tensor], width: int, fill: float = 0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[len(rows), width]``: each row, then ``fill``."""
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+    return out
+
+
 def pad_rollouts(rollouts: Sequence[Rollout], pad_id: int, extras: dict[str, Sequence[Tensor]] | None = None) -> PaddedBatch:
     """Right-pad ``rollouts``; per-token ``extras`` (one tensor per rollout) are padded with 0."""
-    length = max(len(r.token_ids) for r in rollouts)
-    b = len(rollouts)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    mask = torch.zeros((b, length), dtype=torch.float32)
-    blp = torch.zeros((b, length), dtype=torch.float32)
-    ext = {k: torch.zeros((b, length), dtype=torch.float32) for k in (extras or {})}
-    for i, r in enumerate(rollouts):
-        n = len(r.token_ids)
-        ids[i, :n] = torch.tensor(r.token_ids, dtype=torch.long)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        blp[i, :n] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-        for k, values in (extras or {}).items():
-            ext[k][i, :n] = values[i].to(torch.float32)
+    width = max(len(r.token_ids) for r in rollouts)
+    ids = pad_right([r.token_ids for r in rollouts], width, pad_id, torch.long)
+    attn = pad_right([[1] * len(r.token_ids) for r in rollouts], width, 0, torch.long)
+    mask = pad_right([r.loss_mask for r in rollouts], width)
+    blp = pad_right([r.behaviour_logprobs for r in rollouts], width)
+    ext = {k: pad_right(values, width) for k, values in (extras or {}).items()}
     # Token t is predicted at position t - 1: drop the first column of per-token data.
     return PaddedBatch(ids, attn, ids[:, 1:], mask[:, 1:], blp[:, 1:], {k: v[:, 1:] for k, v in ext.items()})
 

@@ -175,7 +175,7 @@ class Run:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
             return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
-    def evaluate_heldout(self, temperature: float | None = None) -> HeldOut | None:
+    def evaluate(self, temperature: float | None = None) -> HeldOut | None:
         """One chain per held-out prompt (this process's share), gathered in rank order."""
         if self.eval_env is None:
             return None
@@ -187,18 +187,15 @@ class Run:
                                     progress=self.progress and dist.main)
         return HeldOut.merge(parallel.gather_objects(local, dist))
 
-    def evaluate(self, temperature: float | None = None) -> float | None:
-        got = self.evaluate_heldout(temperature)
-        return None if got is None else got.success_rate
-
-    def log_eval(self, step: int, rate: float | None) -> None:
+    def log_eval(self, step: int, got: HeldOut | None) -> None:
         """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""
-        if rate is None:
+        if got is None:
             return
-        row = {"eval_success": rate, "tokens_total": self.state.tokens_total,
+        row = {"eval_success": got.success_rate, "tokens_total": self.state.tokens_total,
                **{k: self.state.extra.get(k, 0) for k in CURRENCY_TOTALS}}
         if self.cfg.run.eval_sampled:
-            row["eval_success_t1"] = self.evaluate(1.0)
+            sampled = self.evaluate(1.0)
+            row["eval_success_t1"] = None if sampled is None else sampled.success_rate
         if self.log is not None:
             self.log.log(step, row)
 
@@ -253,10 +250,10 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:
-        before = run.evaluate_heldout()
+        before = run.evaluate()
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
-        run.log_eval(0, state.extra["success_before"])
+        run.log_eval(0, before)
     return run
 
 
@@ -365,9 +362,9 @@ def finish(run: Run, t_start: float) -> TrainResult:
     sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
-    after = run.evaluate_heldout()
+    after = run.evaluate()
     success_after = None if after is None else after.success_rate
-    run.log_eval(state.step, success_after)
+    run.log_eval(state.step, after)
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:

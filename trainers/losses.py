@@ -69,9 +69,15 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def _approx_kl(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    # k3 estimate of KL(old || new) on the behaviour samples, as CleanRL logs it.
-    return masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).detach()
+def _shared_metrics(log_ratio: Tensor, ratio: Tensor, pg_weight: Tensor, weights: Tensor | None,
+                    mask: Tensor) -> dict[str, Tensor]:
+    """What every loss reports (see ``LossOutput``)."""
+    return {
+        # k3 estimate of KL(old || new) on the behaviour samples, as CleanRL logs it
+        "approx_kl": masked_mean(torch.exp(log_ratio) - 1 - log_ratio, mask).detach(),
+        "ratio_mean": masked_mean(ratio, mask).detach(),
+        "pg_weight": masked_mean(pg_weight if weights is None else pg_weight * weights, mask).detach(),
+    }
 
 
 def ppo_clip_loss(
@@ -103,15 +109,12 @@ def ppo_clip_loss(
     per_token = clipped if weights is None else clipped * weights
     loss = aggregate(per_token, mask, agg, constant)
     clipfrac = masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask).detach()
-    pg_weight = advantages.abs() if weights is None else advantages.abs() * weights
     return LossOutput(loss, {
         "pg_loss": loss.detach(),
         "pg_loss1": masked_mean(pg_loss1, mask).detach(),
         "pg_loss2": masked_mean(pg_loss2, mask).detach(),
         "clipfrac": clipfrac,
-        "approx_kl": _approx_kl(log_ratio, mask),
-        "ratio_mean": masked_mean(ratio, mask).detach(),
-        "pg_weight": masked_mean(pg_weight, mask).detach(),
+        **_shared_metrics(log_ratio, ratio, advantages.abs(), weights, mask),
     })
 
 
@@ -166,16 +169,13 @@ def treeopsd_loss(
         per_token = per_token * weights
     loss = aggregate(per_token, mask, agg, constant)
     passed = (ratio - target) * (target - 1.0) > 0  # the ratio has already passed its target
-    pg_weight = (target - 1.0).abs() if weights is None else (target - 1.0).abs() * weights
     return LossOutput(loss, {
         "opsd_loss": loss.detach(),
         "opsd_log_term": masked_mean(log_term, mask).detach(),
         "opsd_linear_term": masked_mean(linear_term, mask).detach(),
         "opsd_past_target": masked_mean(passed.to(logp.dtype), mask).detach(),
         "opsd_teacher_ratio": masked_mean(target, mask).detach(),
-        "approx_kl": _approx_kl(log_ratio, mask),
-        "ratio_mean": masked_mean(ratio, mask).detach(),
-        "pg_weight": masked_mean(pg_weight, mask).detach(),
+        **_shared_metrics(log_ratio, ratio, (target - 1.0).abs(), weights, mask),
     })
 
 

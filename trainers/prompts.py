@@ -23,19 +23,16 @@ def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: f
                           ignore_eos=s.ignore_eos)
 
 
-def train_env_id(cfg: TrainConfig) -> str:
-    """The id the run trains on: the env's registered training variant, if it has one."""
-    return env_registry.training_id(cfg.env)
-
-
 def train_env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The env kwargs of a training run: the variant's, under the user's ``env_kwargs``."""
-    return {**env_registry.env_kwargs(train_env_id(cfg)), **cfg.env_kwargs}
+    """The env kwargs of a training run: its training variant's, under the user's ``env_kwargs``."""
+    return {**env_registry.env_kwargs(env_registry.training_id(cfg.env)), **cfg.env_kwargs}
 
 
 def make_env(cfg: TrainConfig, split: str) -> gym.Env:
-    """One env of the run's training variant on ``split``, with the sampler's turn budget."""
-    return env_registry.make(train_env_id(cfg), split, max_turns=cfg.sampler.max_turns, **cfg.env_kwargs)
+    """One env of the run's training variant (``registry.training_id``) on ``split``, with the
+    sampler's turn budget."""
+    return env_registry.make(env_registry.training_id(cfg.env), split, max_turns=cfg.sampler.max_turns,
+                             **cfg.env_kwargs)
 
 
 def preflight(cfg: TrainConfig) -> None:

@@ -1,16 +1,9 @@
 """Supervised warm start (SFT) on expert episodes, before RL.
 
-A small instruct model rarely emits a well-formed ``<search>``/``<answer>`` turn on its own,
-so every RL reward is 0 and every advantage with it. ``run_sft`` fixes the format first:
-
-1. expert episodes: a scripted expert run through the training env, with the env family's turn
-   budget and length (``treegym.trainers.sft_data``), or traces written by ``treegym eval --out``;
-2. each episode in the RL context format, only its action tokens labelled;
-3. AdamW on the masked next-token loss (all weights, or LoRA adapters merged at the end);
-4. a HF model folder (safetensors, tokenizer, ``sft.json``) that ``treegym train --model`` and
-   ``treegym eval --agent`` load like any local model;
-5. success (EM on QA) and the well-formed share of actions on the held-out prompts, greedy,
-   before and after, scored as every held-out evaluation is (``treegym.trainers.heldout``).
+A small instruct model rarely writes a well-formed ``<search>``/``<answer>`` turn on its own, so
+every RL reward is 0. ``run_sft`` imitates an expert first, in the RL context format, only the
+action tokens labelled, and saves a HF model folder; its steps are ``treegym sft --help``'s
+(``treegym.trainers.cli_sft``), its held-out scores every phase's (``treegym.trainers.heldout``).
 """
 
 from __future__ import annotations
@@ -27,14 +20,14 @@ from typing import Any
 
 import torch
 
-from treegym.agents.eval import read_traces
+from treegym.agents.eval import progress_bar, read_traces
 from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
 from treegym.trainers.heldout import evaluate_policy
-from treegym.trainers.logprobs import TokenScorer
+from treegym.trainers.logprobs import TokenScorer, pad_right
 from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, select_examples
 
 SFT_META = "sft.json"
@@ -69,12 +62,10 @@ def pad_examples(examples: Sequence[SFTExample], pad_id: int) -> tuple[torch.Ten
     has no label and nothing after it does either, so running it would be wasted compute.
     """
     lengths = [_last_label(e) + 1 for e in examples]
-    ids = torch.full((len(examples), max(lengths)), pad_id, dtype=torch.long)
-    attn, labels = torch.zeros_like(ids), torch.zeros(ids.shape, dtype=torch.float32)
-    for row, (e, n) in enumerate(zip(examples, lengths)):
-        ids[row, :n] = torch.tensor(e.token_ids[:n], dtype=torch.long)
-        attn[row, :n] = 1
-        labels[row, :n] = torch.tensor(e.label_mask[:n], dtype=torch.float32)
+    width = max(lengths)
+    ids = pad_right([e.token_ids[:n] for e, n in zip(examples, lengths)], width, pad_id, torch.long)
+    attn = pad_right([[1] * n for n in lengths], width, 0, torch.long)
+    labels = pad_right([e.label_mask[:n] for e, n in zip(examples, lengths)], width)
     return ids, attn, ids[:, 1:], labels[:, 1:]
 
 
@@ -121,11 +112,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
     rng = random.Random(seed)
     losses: list[float] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, desc="sft", unit="step")
+    bar = progress_bar(total_steps, "sft", progress, "step")
     model.train()
     try:
         for _ in range(cfg.epochs):
@@ -145,12 +132,10 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
                 optimizer.step()
                 scheduler.step()
                 losses.append(step_loss)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{step_loss:.3f}")
+                bar.update(1)
+                bar.set_postfix(loss=f"{step_loss:.3f}")
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         model.eval()
     return losses
 

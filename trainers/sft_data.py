@@ -71,12 +71,8 @@ def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress
     """Run ``expert`` on each prompt (reset options or a seed) of ``env``, for at most
     ``max_turns`` actions (the policy's own budget: an episode that needs more is cut and counts
     as unsolved); episodes where the expert raised are skipped."""
-    bar = progress_bar(len(prompts), "expert episodes", progress)
-    try:
+    with progress_bar(len(prompts), "expert episodes", progress) as bar:
         played = play_episodes(env, expert, prompts, max_turns, bar)
-    finally:
-        if bar is not None:
-            bar.close()
     return [Transcript(ep.episode_id, tuple(ep.messages), success(ep.info)) for ep in played if ep.error is None]
 
 

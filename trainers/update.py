@@ -23,7 +23,7 @@ from treegym.agents.rollout.types import Rollout
 from treegym.trainers import parallel
 from treegym.trainers.config import LossConfig
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer
-from treegym.trainers.losses import LossOutput, aggregate, aggregation_size, kl_k3
+from treegym.trainers.losses import LossOutput, aggregate, aggregation_size, kl_k3, masked_mean
 
 
 def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], lc: LossConfig, logp: Tensor,
@@ -40,7 +40,7 @@ def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], 
         kl = aggregate(kl_k3(logp, ref_logp), mask, lc.agg, lc.constant_normalizer)
         loss = loss + lc.kl_coef * kl
         metrics["kl_ref"] = kl.detach()
-    metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1.0)).detach()
+    metrics["entropy"] = masked_mean(entropy, mask).detach()
     return loss, metrics
 
 
@@ -78,7 +78,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
         order = first_order if epoch == 0 else torch.randperm(len(data.input_ids)).tolist()
         for m in range(n_mini):
             mb = order[m * mb_size : (m + 1) * mb_size]
-            norm = normaliser(data, mb, cfg.loss.agg)
+            norm = max(aggregation_size(data.mask[mb], cfg.loss.agg), 1.0) if mb else 1.0
             u.optimizer.zero_grad(set_to_none=True)
             for k in range(n_micro):
                 micro = mb[k * micro_size : (k + 1) * micro_size]
@@ -95,7 +95,8 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                         u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
                         data.extras["advantages"][rows, :n].to(device), data.extras["weights"][rows, :n].to(device),
                         mask, None if ref_logp is None else ref_logp[rows, :n].to(device))
-                    loss = loss * scale * micro_share(data, micro, norm, cfg.loss.agg)
+                    # the micro-batch's mean, scaled so that the accumulated sum is the mini-batch's mean
+                    loss = loss * scale * (aggregation_size(data.mask[micro], cfg.loss.agg) / norm if micro else 1.0)
                 if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
                     return stats, True
                 loss.backward()
@@ -151,20 +152,9 @@ def take(data: PaddedBatch, rows: list[int], device: torch.device) -> tuple[Any,
             data.targets[rows, :n].to(device), data.mask[rows, :n].to(device), n)
 
 
-def normaliser(data: PaddedBatch, rows: list[int], agg: str) -> float:
-    """The mini-batch's ``aggregation_size`` (at least 1)."""
-    return max(aggregation_size(data.mask[rows], agg), 1.0) if rows else 1.0
-
-
-def micro_share(data: PaddedBatch, rows: list[int], norm: float, agg: str) -> float:
-    """Scale a micro-batch's own mean so that the accumulated sum is the mini-batch's mean."""
-    return aggregation_size(data.mask[rows], agg) / norm if rows else 1.0
-
-
 def logprob_gap(data: PaddedBatch, logp: Tensor) -> float:
     """Mean |scorer - sampler| log-prob on action tokens (meaningful at temperature 1, top-p 1)."""
-    m = data.mask
-    return float(((logp - data.behaviour_logprobs).abs() * m).sum() / m.sum().clamp(min=1.0))
+    return float(masked_mean((logp - data.behaviour_logprobs).abs(), data.mask))
 
 
 def zero_share(advantages: list[Tensor], rollouts: list[Rollout]) -> float:
