@@ -143,3 +143,25 @@ def test_warm_start_key_names_the_sft_section_only_where_it_is_off_its_defaults(
     assert warm_start_key(load_config(overrides=[("sft.epochs", 2)]))["sft"] == {"epochs": 2}
     ws = warm_start_config(cfg, Path("/tmp/ws"))
     assert (ws.sft.episodes, ws.sft.lr, ws.run.eval_n, ws.sampler.max_turns) == (128, 2e-4, 0, 10)
+
+
+def test_household_summary_reports_seen_and_unseen() -> None:
+    from types import SimpleNamespace
+
+    from treegym.agents.rollout.scoring import HeldOut
+    from treegym.trainers.heldout import phase_summary
+    from treegym.trainers.recipe import summary_table
+
+    cfg = load_config(overrides=[("env", "TextHousehold-v0")])
+    assert cfg.run.also_eval_split == "unseen" and cfg.optim.micro_batch_size == cfg.sft.micro_batch_size == 1
+    n = 32
+    zero = HeldOut.from_dict({"success": [0.0] * n, "well_formed": [0.5] * n, "tool_calls": [0.0] * n, "turns": [10.0] * n})
+    some = HeldOut.from_dict({"success": [1.0] * 8 + [0.0] * (n - 8), "well_formed": [0.75] * n,
+                              "tool_calls": [0.0] * n, "turns": [10.0] * n})
+    phases = phase_summary([("before RL", zero), ("after RL", some)])
+    phases["also"] = {"split": "unseen", **phase_summary([("before RL", some), ("after RL", zero)])}
+    result = SimpleNamespace(steps=3, tokens_total=100, seconds=1.0, folder="/nowhere")
+    table = summary_table(cfg, "smollm2", result, None, phases)
+    assert re.search(r"success after RL \(seen\)\s+25\.0%", table)
+    assert re.search(r"success after RL \(unseen\)\s+0\.0%", table)
+    assert re.search(r"gain before RL -> after RL \(unseen\)\s+-25\.0 pts", table)

@@ -128,6 +128,8 @@ class RunConfig:
     eval_n: int = opt(32, "held-out prompts for success (EM on QA) before/after, the first N of the eval split as "
                       "`treegym eval --n N` plays them (0 = skip); 32 gives a Wilson interval of about ±17 points")
     eval_split: str = opt("auto", "split used for evaluation (auto: the env's held-out split, dev for QA, seen for household)")
+    also_eval_split: str = opt("", "a second held-out split, scored like eval_split before and after RL and reported "
+                               "beside it ('' = none; household: unseen)")
     eval_temperature: float = opt(0.0, "sampling temperature for success before/after (0 = greedy)")
     eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_success_t1)")
     plots: bool = opt(True, "write plots of the metrics at the end of the run")
@@ -321,7 +323,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 # config path -> the field of the env family's record that sets its default
 FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "max_new_tokens",
-                 "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes"}
+                 "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
+                 "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "micro_batch_size",
+                 "run.also_eval_split": "also_eval_split"}
 
 
 def family_defaults(env_id: str) -> dict[str, Any]:

@@ -80,6 +80,8 @@ class TrainResult:
     replica_digests: list[str] = field(default_factory=list)
     eval_before: HeldOut | None = None  # per held-out prompt, before the first step
     eval_after: HeldOut | None = None
+    also_before: HeldOut | None = None  # the same on run.also_eval_split
+    also_after: HeldOut | None = None
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
@@ -175,15 +177,17 @@ class Run:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
             return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
-    def evaluate(self, temperature: float | None = None) -> HeldOut | None:
-        """One chain per held-out prompt (this process's share), gathered in rank order."""
+    def evaluate(self, temperature: float | None = None, split: str = "") -> HeldOut | None:
+        """One chain per held-out prompt (this process's share), gathered in rank order; on
+        ``split`` (``run.also_eval_split``) instead of the eval split when given."""
         if self.eval_env is None:
             return None
         cfg, dist = self.cfg, self.dist
+        env = make_env(cfg, split) if split else self.eval_env
         temperature = cfg.run.eval_temperature if temperature is None else temperature
-        prompts = eval_prompts(cfg, self.eval_env)[dist.rank :: dist.world]
+        prompts = eval_prompts(cfg, env)[dist.rank :: dist.world]
         with torch.no_grad(), parallel.autocast(self.device, cfg.model_opts.bf16):
-            local = evaluate_policy(self.policy, self.eval_env, prompts, cfg, self.mode, temperature,
+            local = evaluate_policy(self.policy, env, prompts, cfg, self.mode, temperature,
                                     progress=self.progress and dist.main)
         return HeldOut.merge(parallel.gather_objects(local, dist))
 
@@ -254,6 +258,9 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
         run.log_eval(0, before)
+    if cfg.run.also_eval_split and "also_before" not in state.extra:
+        also = run.evaluate(split=cfg.run.also_eval_split)
+        state.extra["also_before"] = None if also is None else also.to_dict()
     return run
 
 
@@ -365,6 +372,7 @@ def finish(run: Run, t_start: float) -> TrainResult:
     after = run.evaluate()
     success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
+    also_after = run.evaluate(split=cfg.run.also_eval_split) if cfg.run.also_eval_split else None
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:
@@ -374,11 +382,12 @@ def finish(run: Run, t_start: float) -> TrainResult:
             plot_metrics(folder)
         if cfg.run.trees_html and run.last_batch is not None:
             _write_trees(run.last_batch, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
-    before_data = state.extra.get("eval_before")
+    before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
                          success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,
                          history=history, replica_digests=digests,
-                         eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after)
+                         eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after,
+                         also_before=HeldOut.from_dict(also_data) if also_data else None, also_after=also_after)
     if dist.main:
         summary = {k: v.to_dict() if isinstance(v, HeldOut) else v for k, v in result.__dict__.items() if k != "history"}
         (folder / "summary.json").write_text(json.dumps({**summary, "folder": str(folder), "world": dist.world}, indent=2))

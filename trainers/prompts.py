@@ -41,7 +41,8 @@ def preflight(cfg: TrainConfig) -> None:
 
     env_registry.resolve_split(cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
-        env_registry.resolve_split(cfg.env, cfg.run.eval_split)
+        for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
+            env_registry.resolve_split(cfg.env, split)
     resolve_model_folder(cfg.model)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from treegym.agents.rollout.scoring import HeldOut
-from treegym.envs.registry import FAMILIES, family, score_name
+from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
@@ -159,9 +159,12 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     if not cfg.run.keep_checkpoints:
         # The run is finished: its resumable state (optimiser included) is no longer needed.
         shutil.rmtree(result.folder / "checkpoints", ignore_errors=True)
-    phases = phase_summary([("untrained", ws.untrained if ws is not None else None),
-                            ("after warm start" if ws is not None else "before RL", result.eval_before),
+    start = "after warm start" if ws is not None else "before RL"
+    phases = phase_summary([("untrained", ws.untrained if ws is not None else None), (start, result.eval_before),
                             ("after RL", result.eval_after)])  # fmt: skip
+    if result.also_before is not None or result.also_after is not None:  # run.also_eval_split
+        phases["also"] = {"split": cfg.run.also_eval_split,
+                          **phase_summary([(start, result.also_before), ("after RL", result.also_after)])}
     (result.folder / "phases.json").write_text(json.dumps(phases, indent=2) + "\n")
     plot_phases(phases, result.folder / "plots" / "phases.png", f"{cfg.algo} on {cfg.env}")
     return summary_table(cfg, base_model, result, ws, phases)
@@ -180,14 +183,15 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
                                   f"({'cached' if ws.cached else f'built in {ws.seconds:.0f} s'})")
     rows = [("algorithm", f"{cfg.algo}{warm}"), ("env / model", f"{cfg.env} / {base_model}"),
             ("steps / tokens", f"{result.steps} / {result.tokens_total:,} generated")]
-    table = []
-    for name, p in phases["phases"].items():
-        table.append((f"{metric} {name}", f"{pct(p['success'])}  well-formed {100 * p['well_formed'][0]:.0f}%, "
-                                          f"tool calls/episode {p['tool_calls'][0]:.2f}  (n={p['n']})"))
-    for name, g in phases["gains"].items():
-        wf = phases.get("well_formed_gains", {}).get(name)
-        table.append((f"gain {name}", pts(g) + (f"  well-formed {pts(wf)}" if wf else "")))
-    rows += table
+    also = phases.get("also")  # with a second held-out split, every row names its split
+    for ph, on in [(phases, f" ({resolve_split(cfg.env, cfg.run.eval_split)})" if also else ""),
+                   *([(also, f" ({also['split']})")] if also else [])]:
+        for name, p in ph["phases"].items():
+            rows.append((f"{metric} {name}{on}", f"{pct(p['success'])}  well-formed {100 * p['well_formed'][0]:.0f}%, "
+                                                 f"tool calls/episode {p['tool_calls'][0]:.2f}  (n={p['n']})"))
+        for name, g in ph["gains"].items():
+            wf = ph.get("well_formed_gains", {}).get(name)
+            rows.append((f"gain {name}{on}", pts(g) + (f"  well-formed {pts(wf)}" if wf else "")))
     rows += [("time (RL phase)", f"{result.seconds:.0f} s"), ("run folder", str(result.folder))]
     final = Path(result.folder) / "final"
     if final.exists():
