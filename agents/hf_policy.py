@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes
+from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes, kv_bytes_per_token
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.sampling import find_stop, sample_tokens
 from treegym.errors import ConfigError, TreegymError
@@ -58,7 +58,8 @@ class HFPolicy:
     Args:
         model, tokenizer: a causal LM in eval mode and its tokenizer (see ``load_model``).
         reuse_prefix: reuse KV of shared prefixes (within a batch and across calls).
-        cache_bytes: byte budget of the prefix store (LRU).
+        cache_bytes: byte budget of the prefix store (LRU). A call whose rows need more, to keep one
+            entry per row for their next turn, raises it up to ``max_cache_bytes``.
         max_batch_size: rows per forward pass; larger calls are split.
         min_shared_prefix: shortest in-batch shared prefix worth a separate prefill.
         seed: seed of the sampling generator (``SamplingParams.seed`` overrides it per call).
@@ -71,6 +72,7 @@ class HFPolicy:
         *,
         reuse_prefix: bool = True,
         cache_bytes: int = 1 << 30,
+        max_cache_bytes: int = 8 << 30,
         max_batch_size: int = 32,
         min_shared_prefix: int = 8,
         seed: int = 0,
@@ -82,7 +84,9 @@ class HFPolicy:
         self.min_shared_prefix = min_shared_prefix
         self.stats = PolicyStats()
         self.prefix_cache = PrefixCache(cache_bytes)
+        self.max_cache_bytes = max_cache_bytes
         self.device = next(model.parameters()).device
+        self._kv_bytes = kv_bytes_per_token(model.config, next(model.parameters()).element_size())
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
         # Public: a trainer's checkpoint saves and restores this stream for exact resume.
@@ -141,6 +145,12 @@ class HFPolicy:
             if version != self._weights_version:
                 self.prefix_cache.clear()
                 self._weights_version = version
+            if self.reuse_prefix:
+                # One entry per row must fit, or the LRU evicts rows of this very call and every
+                # next turn prefills its whole context again (household: 32 rows x 1,500 tokens
+                # of SmolLM2 KV is 2.2 GB against the 1 GiB default).
+                need = self._kv_bytes * sum(len(r) + params.max_new_tokens for r in rows)
+                self.prefix_cache.reserve(min(need, self.max_cache_bytes))
             for start in range(0, len(rows), self.max_batch_size):
                 chunk = rows[start : start + self.max_batch_size]
                 if self.reuse_prefix:

@@ -54,6 +54,16 @@ def branch_prefixes(contexts: Sequence[Sequence[int]], min_length: int) -> list[
     return sorted(found, key=len)
 
 
+def kv_bytes_per_token(config: object, element_size: int) -> int:
+    """Bytes of KV one token takes in every layer of a decoder with ``config`` (0 when the config
+    does not say: Llama-style names, ``num_key_value_heads`` falling back to the attention heads)."""
+    layers = getattr(config, "num_hidden_layers", 0) or 0
+    heads = getattr(config, "num_attention_heads", 0) or 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+    return 2 * layers * kv_heads * head_dim * element_size
+
+
 @dataclass
 class _Entry:
     tokens: np.ndarray
@@ -72,6 +82,10 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def reserve(self, nbytes: int) -> None:
+        """Raise the byte budget to at least ``nbytes`` (it never shrinks)."""
+        self.max_bytes = max(self.max_bytes, int(nbytes))
 
     def clear(self) -> None:
         self._entries.clear()

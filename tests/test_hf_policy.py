@@ -194,3 +194,29 @@ def test_chat_observation_closes_the_turn_and_opens_the_next_assistant_turn(smol
     assert cut == "<|im_end|>\n<|im_start|>user\n" + obs + "<|im_end|>\n<|im_start|>assistant\n"
     assert closed == cut[len("<|im_end|>") :]
     assert tok.decode(text_ids(tok, obs)) == obs  # raw mode: inlined as is
+
+
+def test_a_call_keeps_every_rows_kv_for_its_next_turn_past_a_small_budget(smollm2, tree_contexts):
+    """With a budget far below one call's rows, the store grows to hold each row's context, so
+    the next turn of every row prefills only its new tokens (not the whole context again)."""
+    from treegym.agents.kv_cache import kv_bytes_per_token
+
+    model, tok = smollm2
+    policy = HFPolicy(model, tok, cache_bytes=1 << 10)
+    params = SamplingParams(temperature=0.0, max_new_tokens=2, stop=())
+    rows = [list(c) for c in tree_contexts[:3]]
+    first = policy.generate(rows, params)
+    per_token = kv_bytes_per_token(model.config, next(model.parameters()).element_size())
+    assert per_token > 0 and policy.prefix_cache.max_bytes >= per_token * sum(len(r) for r in rows)
+    before = policy.stats.prefill_tokens
+    nxt = [r + list(g.token_ids) + [tok.eos_token_id] for r, g in zip(rows, first)]
+    policy.generate(nxt, params)
+    # Each row ran only what the previous turn had not fed: its last sampled token and the new one.
+    assert policy.stats.prefill_tokens - before <= 2 * len(rows)
+
+
+def test_the_store_grows_no_further_than_its_cap(smollm2, tree_contexts):
+    model, tok = smollm2
+    policy = HFPolicy(model, tok, cache_bytes=1 << 10, max_cache_bytes=1 << 12)
+    policy.generate([list(tree_contexts[0])], SamplingParams(temperature=0.0, max_new_tokens=1, stop=()))
+    assert policy.prefix_cache.max_bytes == 1 << 12
