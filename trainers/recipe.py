@@ -70,9 +70,10 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
 
     s, defaults = cfg.sampler, SFTConfig()
     # sft settings off their defaults (so a default config keeps the key, and the cached model, it
-    # had before SFT was a config section); out, episodes and lr are the warm start's own
+    # had before SFT was a config section); out, episodes and lr are the warm start's own, and the
+    # micro-batch splits a step without changing its loss
     changed = {k: v for k, v in dataclasses.asdict(cfg.sft).items()
-               if k not in ("out", "episodes", "lr") and v != getattr(defaults, k)}  # fmt: skip
+               if k not in ("out", "episodes", "lr", "micro_batch_size") and v != getattr(defaults, k)}  # fmt: skip
     key = {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
         "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
