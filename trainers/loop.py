@@ -172,18 +172,19 @@ class Run:
     progress: bool = False
     engine: engines.Engine | None = None  # how ``policy`` follows the trained weights
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
+    also_env: Any = None  # the run.also_eval_split env, scored before and after
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
             return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
-    def evaluate(self, temperature: float | None = None, split: str = "") -> HeldOut | None:
+    def evaluate(self, temperature: float | None = None, env: Any = None) -> HeldOut | None:
         """One chain per held-out prompt (this process's share), gathered in rank order; on
-        ``split`` (``run.also_eval_split``) instead of the eval split when given."""
+        ``env`` (``also_env``) instead of the eval env when given."""
         if self.eval_env is None:
             return None
         cfg, dist = self.cfg, self.dist
-        env = make_env(cfg, split) if split else self.eval_env
+        env = env or self.eval_env
         temperature = cfg.run.eval_temperature if temperature is None else temperature
         prompts = eval_prompts(cfg, env)[dist.rank :: dist.world]
         with torch.no_grad(), parallel.autocast(self.device, cfg.model_opts.bf16):
@@ -250,7 +251,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
               scorer=scorer, reference=reference, updater=updater, policy=policy, generators=generators, env=env,
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
               task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
-              sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded)
+              sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded,
+              also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:
@@ -258,8 +260,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
         run.log_eval(0, before)
-    if cfg.run.also_eval_split and "also_before" not in state.extra:
-        also = run.evaluate(split=cfg.run.also_eval_split)
+    if run.also_env is not None and "also_before" not in state.extra:
+        also = run.evaluate(env=run.also_env)
         state.extra["also_before"] = None if also is None else also.to_dict()
     return run
 
@@ -372,7 +374,7 @@ def finish(run: Run, t_start: float) -> TrainResult:
     after = run.evaluate()
     success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
-    also_after = run.evaluate(split=cfg.run.also_eval_split) if cfg.run.also_eval_split else None
+    also_after = run.evaluate(env=run.also_env) if run.also_env is not None else None
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:

@@ -363,6 +363,6 @@ def after_tool(forest: Forest) -> list[Choice]:
         for c in tool_points(tree):
             p = success_estimate(tree, c, prior, lo, hi) if hi > lo else 0.5
             scored += [((t, c), 0.05 + p * (1.0 - p))] * forest.per_tree
-    out = _weighted(forest.rng, scored, min(forest.budget, len(scored)))[: len(scored)] if scored else []
+    out = _weighted(forest.rng, scored, min(forest.budget, len(scored)))
     left = forest.budget - len(out)
     return out + pivot_restart(forest)[:left] if left > 0 else out
