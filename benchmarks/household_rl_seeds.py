@@ -10,47 +10,28 @@ on ``--also-split`` (``unseen``).
 
     python benchmarks/household_rl_seeds.py --seeds 0 1 2 --out runs/household-seeds
 
-The run itself scores one held-out split; the second one is scored here, after the run, with the
-trainer's own protocol (``treegym.trainers.recipe.evaluate_model``: the same prompts, turn budget
-and context cap) on the warm start and on each seed's ``final/`` weights, and cached beside the
-run (``also.json``). The warm start is the one ``treegym train --env TextHousehold-v0`` caches
-(built first when it is not cached yet). Extra ``--field=value`` arguments reach every run and
-every evaluation.
+Each run scores the second split itself (``run.also_eval_split``, its gains under ``also`` in
+``phases.json``). The warm start is the one ``treegym train --env TextHousehold-v0`` caches
+(built first when it is not cached yet). Extra ``--field=value`` arguments reach every run.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from pathlib import Path
 from typing import Any
 
 import treegym  # noqa: F401  (registers the envs)
-from treegym.agents.rollout.scoring import HeldOut
 from treegym.cli import main as treegym_main
 from treegym.envs.registry import resolve_split
-from treegym.stats import paired_difference, t_interval
-from treegym.trainers.config import TrainConfig, load_config, parse_overrides
-from treegym.trainers.recipe import evaluate_model, warm_start
-
-
-def scored(cfg: TrainConfig, split: str, model: Path, cache: Path) -> HeldOut:
-    """``model`` on the run's held-out prompts of ``split`` (read from ``cache`` when there)."""
-    if cache.exists():
-        return HeldOut.from_dict(json.loads(cache.read_text()))
-    on = copy.deepcopy(cfg)
-    on.run.eval_split = split
-    held = evaluate_model(on, str(model))
-    if held is None:
-        raise SystemExit("run.eval_n is 0: nothing to score")
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(held.to_dict()) + "\n")
-    return held
+from treegym.stats import t_interval
+from treegym.trainers.config import load_config, parse_overrides
+from treegym.trainers.recipe import warm_start
 
 
 def rl_gain(phases: dict[str, Any]) -> float:
-    """The run's paired gain of success over its RL phase, on its own held-out split."""
+    """The run's paired gain of success over its RL phase (``phases.json``, or its ``also`` part)."""
     return next(v[0] for k, v in phases["gains"].items() if k.endswith("-> after RL") and not k.startswith("untrained"))
 
 
@@ -65,37 +46,36 @@ def main() -> None:
     ap.add_argument("--env", default="TextHousehold-v0")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/household-seeds")
-    ap.add_argument("--also-split", default="unseen", help="the second held-out split, scored here ('' = none)")
+    ap.add_argument("--also-split", default="unseen", help="the second held-out split, scored by each run ('' = none)")
     args, rest = ap.parse_known_args()
     cfg = load_config(None, [("env", args.env), *parse_overrides(rest)])
     ws = warm_start(cfg)  # the default run's warm start (seed 0), cached
     split = resolve_split(cfg.env, cfg.run.eval_split)
     also = resolve_split(cfg.env, args.also_split) if args.also_split else ""
     out = Path(args.out)
-    ws_also = scored(cfg, also, ws.folder, out / "warm-start" / "also.json") if also else None
     rows = []
     for seed in args.seeds:
         name = f"seed-{seed}"
         folder = out / name
         if not (folder / "phases.json").exists():
             code = treegym_main(["train", "--env", args.env, "--model", str(ws.folder), "--seed", str(seed), "--out",
-                                 str(out), "--name", name, "--no-progress", "--warm_start=off", *rest])
+                                 str(out), "--name", name, "--no-progress", "--warm_start=off",
+                                 f"--run.also_eval_split={also}", *rest])
             if code:
                 raise SystemExit(code)
         phases = json.loads((folder / "phases.json").read_text())
         row = {"seed": seed, "gain": rl_gain(phases), "after_rl": phases["phases"]["after RL"]["success"][0]}
-        if ws_also is not None:
-            after = scored(cfg, also, folder / "final", folder / "also.json")
-            row["gain_also"] = paired_difference(after.values("success"), ws_also.values("success")).mean
-            row["after_rl_also"] = after.success_rate
+        if also:
+            row["gain_also"] = rl_gain(phases["also"])
+            row["after_rl_also"] = phases["also"]["phases"]["after RL"]["success"][0]
         rows.append(row)
         print(f"seed {seed}: RL gain {100 * row['gain']:+.1f} pts on {split}"
-              + (f", {100 * row['gain_also']:+.1f} pts on {also}" if ws_also is not None else "")
+              + (f", {100 * row['gain_also']:+.1f} pts on {also}" if also else "")
               + f"; success after RL {100 * row['after_rl']:.1f}% on {split}", flush=True)
     line, iv = report_line(split, [r["gain"] for r in rows])
     print(line)
     report: dict[str, Any] = {"splits": [split, also], "seeds": rows, "mean_gain": iv}
-    if ws_also is not None:
+    if also:
         line, iv = report_line(also, [r["gain_also"] for r in rows])
         print(line)
         report["mean_gain_also"] = iv
