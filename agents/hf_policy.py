@@ -273,8 +273,10 @@ class HFPolicy:
         texts = [""] * size
         results: list[Generation | None] = [None] * size
         active = list(range(size))  # original row of each batch row
+        exclude = params.exclude_first  # the first token only
         while True:
-            next_ids, next_lp = sample_tokens(batch.logits, params.temperature, params.top_p, generator)
+            next_ids, next_lp = sample_tokens(batch.logits, params.temperature, params.top_p, generator, exclude)
+            exclude = ()
             keep: list[int] = []
             for b, row in enumerate(active):
                 token, lp = int(next_ids[b]), float(next_lp[b])

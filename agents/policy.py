@@ -27,6 +27,9 @@ class SamplingParams:
     # EOS does not end the turn: every turn is exactly max_new_tokens long (stop strings still
     # apply). For fixed-length workloads: probe tasks and throughput checks.
     ignore_eos: bool = False
+    # Token ids the first sampled token may not be (drawn from the policy renormalised over the
+    # rest; its log-prob stays the policy's own). Sibling branches that must begin differently.
+    exclude_first: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

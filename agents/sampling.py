@@ -15,16 +15,25 @@ import torch
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+    exclude: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of ``logits`` [B, V]; return (token ids [B], their log-probs [B])."""
+    """Pick one token per row of ``logits`` [B, V]; return (token ids [B], their log-probs [B]).
+
+    ``exclude``: token ids never picked (the rest renormalised, then top-p); a row left with
+    nothing to pick ignores it. The log-probs are the unfiltered distribution's, as with top-p."""
     logits = logits.float()
+    logprobs = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+    allowed = logprobs
+    if exclude:
+        banned = torch.tensor(sorted(set(exclude)), device=logits.device)
+        allowed = logprobs.index_fill(-1, banned, float("-inf"))
+        empty = ~torch.isfinite(allowed).any(dim=-1, keepdim=True)
+        allowed = torch.where(empty, logprobs, torch.log_softmax(allowed, dim=-1))
     if temperature <= 0:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
+        tokens = allowed.argmax(dim=-1)
         return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)
-    filtered = top_p_filter(logprobs, top_p) if top_p < 1.0 else logprobs
+    filtered = top_p_filter(allowed, top_p) if top_p < 1.0 else allowed
     tokens = torch.multinomial(filtered.softmax(dim=-1), 1, generator=generator)[:, 0]
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 

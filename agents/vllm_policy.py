@@ -60,6 +60,9 @@ class VLLMApi:
                                               among="vllm.device_allocator.DEFERRABLE_TAGS")
     # ``SamplingParams(logprobs=0)``: the sampled token's own log-prob only.
     sampled_logprob_only: int = _in_vllm(0, passed_as=("vllm.SamplingParams", "__init__", "logprobs"))
+    # ``SamplingParams(logit_bias={token: bias})``: how ``SamplingParams.exclude_first`` bans tokens
+    # (asked of one-token calls only, so the bias touches the first token alone).
+    logit_bias_kwarg: str = _in_vllm("logit_bias", keyword_of=("vllm.SamplingParams", "__init__"))
     # ``RequestOutput`` attribute: prompt tokens served from the prefix cache (None when unknown).
     cached_tokens_attr: str = _in_vllm("num_cached_tokens", attribute_of="vllm.outputs.RequestOutput")
 
@@ -117,6 +120,16 @@ class VLLMPolicy:
         self.weight_pushes = 0
         self.stats = PolicyStats()
 
+    @staticmethod
+    def _exclude(params: SamplingParams) -> dict[str, Any]:
+        """``exclude_first`` as a logit bias; vLLM applies one at every position, so only a one-token
+        call may ask for it (the tree sampler draws a distinct branch's first token on its own)."""
+        if not params.exclude_first:
+            return {}
+        if params.max_new_tokens != 1:
+            raise TreegymError("the vLLM backend takes exclude_first only with max_new_tokens=1")
+        return {VLLM_API.logit_bias_kwarg: {int(t): -100.0 for t in params.exclude_first}}
+
     def generate(self, contexts: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Sample one continuation per context (shared prefixes hit vLLM's prefix cache)."""
         if self.asleep:
@@ -125,6 +138,7 @@ class VLLMPolicy:
             n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None, include_stop_str_in_output=True,
             logprobs=VLLM_API.sampled_logprob_only, seed=params.seed, ignore_eos=params.ignore_eos,
+            **self._exclude(params),
         )  # fmt: skip
         prompts = [{"prompt_token_ids": [int(t) for t in c]} for c in contexts]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)

@@ -16,8 +16,11 @@ forest grown so far to the nodes to fork, registered by name; the reference's un
 one of them. ``distinct=d`` makes sibling branches begin differently: the first d tokens of a
 branch's first turn are resampled (up to ``distinct_retries`` times) while they repeat those of
 a sibling at the same node, then the turn is continued from them (LATR's forced diversity).
-Resampling changes the distribution the first tokens are drawn from; the recorded log-probs
-stay the policy's own, as in LATR.
+With ``distinct_exclude``, a beginning that still repeats is drawn once more from the policy
+with its siblings' first tokens excluded (sampling without replacement), so siblings differ
+even where the policy is nearly deterministic: a collapsed policy's branches try the other
+move. Resampling and exclusion change the distribution the first tokens are drawn from; the
+recorded log-probs stay the policy's own, as in LATR.
 
 Leaves kept: when a tree has more than k leaves, k are drawn uniformly without replacement
 (seeded), so no leaf is favoured for being the initial chain or a late expansion; when it has
@@ -112,16 +115,18 @@ class _Sampler:
                 reward += turn.reward
         return _Branch(tree, node_id, env, context, reward)
 
-    def grow(self, branches: list[_Branch], round_index: int, distinct: int = 0, retries: int = 0) -> None:
+    def grow(self, branches: list[_Branch], round_index: int, distinct: int = 0, retries: int = 0,
+             exclude: bool = False) -> None:
         """Run every branch to a leaf: one generate and one pool step per turn, for all.
 
         ``distinct``: the first turn of each branch begins with ``distinct`` tokens that no
-        sibling at its node begins with (resampled up to ``retries`` times)."""
+        sibling at its node begins with (resampled up to ``retries`` times, then, with
+        ``exclude``, drawn without the siblings' first tokens)."""
         active = list(branches)
         first = distinct > 0
         while active:
             if first:
-                gens = self.distinct_first_turns(active, distinct, retries)
+                gens = self.distinct_first_turns(active, distinct, retries, exclude)
                 first = False
             else:
                 gens = self.policy.generate([b.context for b in active], self.params)
@@ -172,7 +177,7 @@ class _Sampler:
                 self.progress.update(len(active))
             active = still
 
-    def distinct_first_turns(self, active: list[_Branch], d: int, retries: int) -> list[Generation]:
+    def distinct_first_turns(self, active: list[_Branch], d: int, retries: int, exclude: bool = False) -> list[Generation]:
         """First turns whose first ``d`` tokens differ from every sibling's at the same node."""
         contexts = [b.context for b in active]
         head_params = replace(self.params, max_new_tokens=min(d, self.params.max_new_tokens))
@@ -195,12 +200,42 @@ class _Sampler:
             self.resampled += len(dup)
             for i, g in zip(dup, self.policy.generate([contexts[i] for i in dup], head_params)):
                 heads[i] = g
-        rest = self.params.max_new_tokens - head_params.max_new_tokens
-        go_on = [i for i, h in enumerate(heads) if h.finish_reason == "length" and rest > 0]
-        tails = self.policy.generate([contexts[i] + list(heads[i].token_ids) for i in go_on],
-                                     replace(self.params, max_new_tokens=rest)) if go_on else []
+        if exclude and dup:
+            self._exclude_heads(active, heads, dup, taken)
         out = list(heads)
-        for i, tail in zip(go_on, tails):
+        go_on = [i for i, h in enumerate(heads) if h.finish_reason == "length" and len(h.token_ids) < self.params.max_new_tokens]
+        for rest in sorted({self.params.max_new_tokens - len(heads[i].token_ids) for i in go_on}):
+            rows = [i for i in go_on if self.params.max_new_tokens - len(heads[i].token_ids) == rest]
+            tails = self.policy.generate([contexts[i] + list(heads[i].token_ids) for i in rows],
+                                         replace(self.params, max_new_tokens=rest))
+            out = self._joined(out, heads, rows, tails)
+        return out
+
+    def _exclude_heads(self, active: list[_Branch], heads: list[Generation], dup: list[int],
+                       taken: dict[tuple[int, int], set[tuple[int, ...]]]) -> None:
+        """Redraw each repeated head's first token without the first tokens its node's siblings
+        began with, one branch per node at a time (so two redrawn siblings differ too); the
+        redrawn head is that one token, continued with the rest of the turn."""
+        one = replace(self.params, max_new_tokens=1)
+        left = list(dup)
+        while left:
+            batch: dict[tuple[int, int], int] = {}
+            for i in left:
+                batch.setdefault((id(active[i].tree), active[i].parent), i)
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for key, i in batch.items():
+                groups.setdefault(tuple(sorted({h[0] for h in taken[key] if h})), []).append(i)
+            for banned, rows in groups.items():
+                gens = self.policy.generate([active[i].context for i in rows], replace(one, exclude_first=banned))
+                for i, g in zip(rows, gens):
+                    heads[i] = g
+                    taken[(id(active[i].tree), active[i].parent)].add(tuple(g.token_ids))
+            self.resampled += len(batch)
+            left = [i for i in left if i not in batch.values()]
+
+    def _joined(self, out: list[Generation], heads: list[Generation], rows: list[int],
+                tails: list[Generation]) -> list[Generation]:
+        for i, tail in zip(rows, tails):
             ids = list(heads[i].token_ids) + list(tail.token_ids)
             text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
             end = find_stop(text, self.params.stop) if tail.finish_reason == "stop" else -1
@@ -303,6 +338,7 @@ def sample_trees(
     progress: Any = None,
     distinct: int = 0,
     distinct_retries: int = 4,
+    distinct_exclude: bool = False,
 ) -> RolloutBatch:
     """Tree-GRPO's agent-step tree search (see the module docstring).
 
@@ -318,7 +354,8 @@ def sample_trees(
             code's behaviour: one node may be drawn twice and then grows two branches).
         seed: seeds node choice and leaf choice (sampling randomness is the policy's).
         distinct: sibling branches begin with different first ``distinct`` tokens (0 = off),
-            resampling a repeated beginning up to ``distinct_retries`` times.
+            resampling a repeated beginning up to ``distinct_retries`` times; with
+            ``distinct_exclude``, one still repeated is drawn without its siblings' first tokens.
 
     Returns the trees (all nodes, including leaves that were not kept) and one Rollout per
     kept leaf, ordered by prompt, tree, leaf id.
@@ -342,7 +379,7 @@ def sample_trees(
             trees[t].expanded.append(node_id)
             branches.append(sampler.branch_from(trees[t], roots[t], node_id))
         if branches:
-            sampler.grow(branches, round_index, distinct, distinct_retries)
+            sampler.grow(branches, round_index, distinct, distinct_retries, distinct_exclude)
     for tree in trees:
         leaves = tree.leaves()
         tree.kept_leaves = sorted(rng.sample(leaves, k)) if len(leaves) > k else leaves
