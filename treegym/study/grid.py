@@ -145,6 +145,9 @@ METHODS = {
     "treeopsd": Method("treeopsd", "treeopsd", tune=OPSD_TUNE),
     "fork": Method("fork", "tree-grpo", FORK, tune=PG_TUNE),
     "treeopsd+fork": Method("treeopsd+fork", "treeopsd", FORK, tune=OPSD_TUNE),
+    # TreeOPSD whose sibling branches begin with different moves (the reference's expansion): the
+    # combination that the tuning-seed pilots of docs/study.md picked among five.
+    "treeopsd+distinct": Method("treeopsd+distinct", "treeopsd", (("sampler.distinct", 1),), tune=OPSD_TUNE),
     # The improved forms: the mechanisms that won the ablations (see ``improved_methods``);
     # without ablations (``--quick``), the winners of the full study of benchmarks/results/study.
     "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "mixed"), ("advantage.prefix_credit", "per_leaf"),
@@ -182,7 +185,7 @@ class Grid:
     """The whole study: which tasks, methods, budgets and seeds, for each phase."""
 
     tasks: tuple[str, ...] = ("lock", "maze", "lock-L32", "lookup-when")
-    methods: tuple[str, ...] = ("grpo", "treeopsd", "fork")
+    methods: tuple[str, ...] = ("grpo", "treeopsd", "fork", "treeopsd+distinct")
     budgets: tuple[int, ...] = (2, 4)
     seeds: tuple[int, ...] = tuple(range(16))
     tune_seeds: tuple[int, ...] = (1000, 1001, 1002, 1003, 1004)
