@@ -204,7 +204,7 @@ def ablation_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-_METHOD_ORDER = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+")
+_METHOD_ORDER = ("grpo", "tree-grpo", "tree-grpo+", "treeopsd", "treeopsd+", "fork", "treeopsd+distinct", "treeopsd+fork")  # also their colours
 
 
 def _order(method: str) -> int:
