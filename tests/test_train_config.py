@@ -26,9 +26,9 @@ def test_every_field_has_a_help_string() -> None:
     assert "--optim.lr" in help_text()
 
 
-def test_defaults_are_tree_grpo_with_distinct_branches_on_tree_search_qa_with_smollm2() -> None:
+def test_defaults_are_tree_grpo_on_tree_search_qa_with_smollm2() -> None:
     cfg = load_config()
-    assert (cfg.algo, cfg.sampler.distinct, cfg.env, cfg.model) == ("tree-grpo", 1, "TreeSearchQA-v0", "smollm2")
+    assert (cfg.algo, cfg.env, cfg.model) == ("tree-grpo", "TreeSearchQA-v0", "smollm2")
     s = cfg.sampler
     assert (s.trees, s.expand_nodes, s.rounds, s.leaves) == (2, 2, 1, 3)
     assert cfg.loss.clip == 0.2 and cfg.loss.dual_clip == 3.0

@@ -43,9 +43,6 @@ def tiny_config(model: Path, out: Path, **overrides: Any) -> TrainConfig:
         "prompts_per_step": 4, "sampler.group_size": 6, "optim.lr": 1e-2, "optim.mini_batch_size": 24,
         "optim.micro_batch_size": 24, "run.out_dir": str(out), "run.eval_n": 4, "run.tensorboard": False,
         "run.save_every": 0,
-        # One-token turns over an 11-word vocabulary: distinct heads would push the sampled (and
-        # so the logged) reward down; the probe learning tests cover the default of 1.
-        "sampler.distinct": 0,
     }  # fmt: skip
     base.update({k.replace("__", "."): v for k, v in overrides.items()})
     return load_config(overrides=list(base.items()))

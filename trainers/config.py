@@ -51,8 +51,7 @@ class SamplerConfig:
     leaves: int = opt(3, "leaves kept per tree (k)", positive=True)
     expansion: str = opt("with_replacement", "branching rule: which nodes a round forks, a name in "
                          "treegym.agents.rollout.branching.RULES (with_replacement: the reference) or module:function")
-    distinct: int = opt(1, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off; "
-                        "1: the tree rule that won docs/study.md)")
+    distinct: int = opt(0, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off)")
     distinct_retries: int = opt(4, "resamples of a repeated branch beginning (with sampler.distinct)")
     distinct_exclude: bool = opt(False, "a beginning still repeated after the resamples is drawn without its siblings' first tokens")
     temperature: float = opt(1.0, "sampling temperature (> 0: training needs sampled log-probs)", positive=True)

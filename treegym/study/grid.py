@@ -90,7 +90,6 @@ class RunSpec:
             "tool_budget": t.tool_calls if t.currency == "tool_calls" else 0,
             "prompts_per_step": prompts, "sampler.group_size": b, "sampler.trees": max(1, b // 2),
             "sampler.expand_nodes": 2, "sampler.rounds": 1, "sampler.leaves": 64,  # every leaf kept: a rule may grow more in one tree
-            "sampler.distinct": 0,  # a method's own overrides turn it on (the train default is 1)
             "sampler.max_turns": t.horizon, "sampler.max_new_tokens": t.turn_tokens, "sampler.ignore_eos": True,
             "sampler.max_context_tokens": 4096,
             # One optimiser step per training step, whatever number of leaves a rule grows.
