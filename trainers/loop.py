@@ -55,7 +55,7 @@ from treegym.trainers.model import (
     policy_generators,
     reference_scope,
 )
-from treegym.trainers.prompts import eval_prompts, make_env, preflight, sampling_params, train_prompts
+from treegym.trainers.prompts import make_env, preflight, sampling_params, train_prompts
 from treegym.trainers.run_folder import RunLock, open_run_folder, remove_if_unused
 
 MAX_NONFINITE_STREAK = 3
@@ -84,11 +84,12 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
+def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
+    the caller has run ``preflight(cfg)`` already (``treegym train``, before its warm start)."""
     t_start = time.time()
-    preflight(cfg)
-    engines.preflight(cfg)
+    if not checked:
+        preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
@@ -107,7 +108,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
             # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
             if cfg.run.eval_every and run.state.step % cfg.run.eval_every == 0 and not finished:
-                run.log_eval(run.state.step, run.evaluate())
+                run.log_eval(run.state.step, run.evaluate(run.eval_env))
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
                 rngs = parallel.gather_objects(rng_state(run.generators), dist)
                 gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
@@ -178,19 +179,12 @@ class Run:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
             return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
-    def evaluate(self, temperature: float | None = None, env: Any = None) -> HeldOut | None:
-        """One chain per held-out prompt (this process's share), gathered in rank order; on
-        ``env`` (``also_env``) instead of the eval env when given."""
-        if self.eval_env is None:
+    def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
+        """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
+        if env is None:
             return None
-        cfg, dist = self.cfg, self.dist
-        env = env or self.eval_env
-        temperature = cfg.run.eval_temperature if temperature is None else temperature
-        prompts = eval_prompts(cfg, env)[dist.rank :: dist.world]
-        with torch.no_grad(), parallel.autocast(self.device, cfg.model_opts.bf16):
-            local = evaluate_policy(self.policy, env, prompts, cfg, self.mode, temperature,
-                                    progress=self.progress and dist.main)
-        return HeldOut.merge(parallel.gather_objects(local, dist))
+        return evaluate_policy(self.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
+                               dist=self.dist, progress=self.progress and self.dist.main)
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
         """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""
@@ -199,7 +193,7 @@ class Run:
         row = {"eval_success": got.success_rate, "tokens_total": self.state.tokens_total,
                **{k: self.state.extra.get(k, 0) for k in CURRENCY_TOTALS}}
         if self.cfg.run.eval_sampled:
-            sampled = self.evaluate(1.0)
+            sampled = self.evaluate(self.eval_env, 1.0)
             row["eval_success_t1"] = None if sampled is None else sampled.success_rate
         if self.log is not None:
             self.log.log(step, row)
@@ -256,12 +250,12 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:
-        before = run.evaluate()
+        before = run.evaluate(run.eval_env)
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
         run.log_eval(0, before)
     if run.also_env is not None and "also_before" not in state.extra:
-        also = run.evaluate(env=run.also_env)
+        also = run.evaluate(run.also_env)
         state.extra["also_before"] = None if also is None else also.to_dict()
     return run
 
@@ -371,10 +365,10 @@ def finish(run: Run, t_start: float) -> TrainResult:
     sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
-    after = run.evaluate()
+    after = run.evaluate(run.eval_env)
     success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
-    also_after = run.evaluate(env=run.also_env) if run.also_env is not None else None
+    also_after = run.evaluate(run.also_env)
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:

@@ -3,6 +3,7 @@ held-out prompts (the set ``treegym eval`` plays too) and the sampling parameter
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -36,14 +37,18 @@ def make_env(cfg: TrainConfig, split: str) -> gym.Env:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
+    """Fail in a second, before any model load, run folder or warm start: the env id, its splits,
+    the model, and the rollout engine as ``model_opts.device`` would pick it (e.g.
+    sampler.backend=vllm without vllm)."""
     from treegym.agents.models import resolve_model_folder
+    from treegym.trainers import engines, parallel
 
     env_registry.resolve_split(cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
         for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
             env_registry.resolve_split(cfg.env, split)
     resolve_model_folder(cfg.model)
+    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:

@@ -120,7 +120,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
-    untrained = evaluate_model(cfg, cfg.model, progress=progress)
+    untrained = evaluate_model(cfg, progress=progress)
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
@@ -140,21 +140,19 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
 def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
     summary table (returned on the main process, None on the others)."""
-    from treegym.trainers import engines
     from treegym.trainers.heldout import phase_summary
     from treegym.trainers.loop import train
     from treegym.trainers.metrics import plot_phases
     from treegym.trainers.prompts import preflight
 
-    preflight(cfg)
-    engines.preflight(cfg)  # e.g. sampler.backend=vllm without vllm: before a warm start
+    preflight(cfg)  # before the warm start
     main = int(os.environ.get("RANK", "0")) == 0
     base_model = cfg.model
     ws = None
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, checked=True)
     if not main:
         return None
     if not cfg.run.keep_checkpoints:
@@ -203,24 +201,20 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
     return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
 
 
-def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) -> HeldOut | None:
-    """``model_spec`` on the run's held-out prompts, with the trainer's own protocol."""
+def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
+    """``cfg.model`` as it is (untrained) on the run's held-out prompts, with the trainer's protocol."""
     if not cfg.run.eval_n:
         return None
     import torch
 
-    from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.models import load_model
     from treegym.agents.rollout.context import resolve_mode
     from treegym.trainers.heldout import evaluate_policy
-    from treegym.trainers.parallel import autocast, pick_device
-    from treegym.trainers.prompts import eval_prompts, make_env
+    from treegym.trainers.model import make_policy
+    from treegym.trainers.parallel import pick_device
+    from treegym.trainers.prompts import make_env
 
     device = pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(model_spec, device=str(device), dtype=torch.float32)
-    env = make_env(cfg, cfg.run.eval_split)
-    prompts = eval_prompts(cfg, env)
-    mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
-    with torch.no_grad(), autocast(device, cfg.model_opts.bf16):
-        return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature,
-                               progress=progress)
+    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg,
+                           resolve_mode(cfg.sampler.context_mode, tokenizer), device, progress=progress)

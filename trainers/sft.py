@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from treegym.agents.eval import progress_bar, read_traces
-from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.errors import ConfigError, TreegymError
@@ -187,8 +186,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
     device and LoRA (``model_opts``)."""
     from treegym.envs import registry as env_registry
     from treegym.trainers import parallel
-    from treegym.trainers.model import base_model, with_lora
-    from treegym.trainers.prompts import eval_prompts, make_env, train_prompts
+    from treegym.trainers.model import make_policy, with_lora
+    from treegym.trainers.prompts import make_env, train_prompts
 
     t0 = time.perf_counter()
     validate(cfg)
@@ -225,9 +224,7 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
     def score() -> HeldOut | None:
         if eval_env is None:
             return None
-        with torch.no_grad():
-            return evaluate_policy(HFPolicy(base_model(model), tokenizer, seed=cfg.seed), eval_env,
-                                   eval_prompts(cfg, eval_env), cfg, mode, temperature=0.0)
+        return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, mode, device, temperature=0.0)
 
     before = score()
     if before is not None:
