@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
@@ -159,7 +159,7 @@ class Run:
     scorer: TokenScorer
     reference: torch.nn.Module | None
     updater: upd.Update
-    policy: Policy
+    engine: engines.Engine  # the sampling policy, and how it follows the trained weights
     generators: Any
     env: Any
     eval_env: Any
@@ -171,19 +171,18 @@ class Run:
     last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
-    engine: engines.Engine | None = None  # how ``policy`` follows the trained weights
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
     also_env: Any = None  # the run.also_eval_split env, scored before and after
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
-            return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
+            return self.algo.sample(self.engine.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
     def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
         """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
         if env is None:
             return None
-        return evaluate_policy(self.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
+        return evaluate_policy(self.engine.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
                                dist=self.dist, progress=self.progress and self.dist.main)
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
@@ -216,7 +215,6 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; success before."""
     algo = get_algorithm(cfg.algo)
     backend = engines.resolve_backend(cfg, device, dist.world)
-    parallel.check(cfg.model_opts.parallel, cfg.model_opts.lora)
     sharded = dist.on and cfg.model_opts.parallel == "fsdp"
     parallel.seed_everything(cfg.seed * 1000 + dist.rank)
     model, tokenizer = load_trainable_model(cfg, device)
@@ -228,8 +226,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
-    policy = engine.policy
-    generators = policy_generators(policy)
+    generators = policy_generators(engine.policy)
     env = make_env(cfg, cfg.run.train_split)
     sampling = sampling_params(cfg)
     state = TrainState()
@@ -242,7 +239,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     log = MetricsLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
-              scorer=scorer, reference=reference, updater=updater, policy=policy, generators=generators, env=env,
+              scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
               task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
               sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded,
@@ -319,11 +316,9 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "tool_rounds": bud.tool_rounds, "resampled": bud.resampled,
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
-    # Running totals in every budget currency, for the held-out curves (see log_eval).
-    for key, add in (("tool_calls_total", totals["tool_calls"]), ("trainer_tokens_total", totals["trainer_tokens"]),
-                     ("tool_rounds_total", totals["tool_rounds"]),
-                     ("seconds_total", time.time() - t0 + run.sample_seconds)):
-        state.extra[key] = state.extra.get(key, 0) + add
+    totals["seconds"] = time.time() - t0 + run.sample_seconds
+    for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
+        state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
     run.last_batch = batch
     return StepMetrics({
@@ -336,7 +331,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
         "zero_adv_frac": upd.zero_share(adv.advantages, rollouts),
         "skipped": int(nonfinite), "time_sample": run.sample_seconds,
-        "time_step": time.time() - t0 + run.sample_seconds, "cpu_step": time.process_time() - cpu0,
+        "time_step": totals["seconds"], "cpu_step": time.process_time() - cpu0,
         **{k: sum(v) / len(v) for k, v in stats.items()},
     })
 

@@ -11,6 +11,7 @@ import gymnasium as gym
 
 from treegym.agents.rollout.scoring import heldout_prompts
 from treegym.envs import registry as env_registry
+from treegym.errors import ConfigError
 from treegym.trainers.config import TrainConfig
 
 
@@ -38,8 +39,8 @@ def make_env(cfg: TrainConfig, split: str) -> gym.Env:
 
 def preflight(cfg: TrainConfig) -> None:
     """Fail in a second, before any model load, run folder or warm start: the env id, its splits,
-    the model, and the rollout engine as ``model_opts.device`` would pick it (e.g.
-    sampler.backend=vllm without vllm)."""
+    the model, how the update is parallel, and the rollout engine as ``model_opts.device`` would
+    pick it (e.g. sampler.backend=vllm without vllm)."""
     from treegym.agents.models import resolve_model_folder
     from treegym.trainers import engines, parallel
 
@@ -48,6 +49,9 @@ def preflight(cfg: TrainConfig) -> None:
         for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
             env_registry.resolve_split(cfg.env, split)
     resolve_model_folder(cfg.model)
+    if cfg.model_opts.parallel == "fsdp" and cfg.model_opts.lora:
+        raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
+                          "is small); use model_opts.parallel=ddp with model_opts.lora=true")
     engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
 
 

@@ -25,11 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from treegym.agents.models import load_model
+from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
+from treegym.trainers.heldout import evaluate_policy, phase_summary
+from treegym.trainers.loop import train
+from treegym.trainers.metrics import plot_phases
+from treegym.trainers.model import make_policy
+from treegym.trainers.parallel import pick_device
+from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
+from treegym.trainers.sft import SFT_META, run_sft
 
 WARM_START_VERSION = 1
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
@@ -66,8 +77,6 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
-    from treegym.trainers.prompts import train_env_kwargs
-
     s, defaults = cfg.sampler, SFTConfig()
     # sft settings off their defaults (so a default config keeps the key, and the cached model, it
     # had before SFT was a config section); out, episodes and lr are the warm start's own, and the
@@ -88,8 +97,6 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
 def warm_start_config(cfg: TrainConfig, out: Path) -> TrainConfig:
     """The SFT run a warm start is: ``cfg`` with its episodes and learning rate, all weights trained
     (LoRA is for RL) and no held-out scores (the untrained model's are measured apart)."""
-    from treegym.trainers.parallel import pick_device
-
     ws = copy.deepcopy(cfg)
     ws.sft.out, ws.sft.episodes, ws.sft.lr = str(out), cfg.warm_start_episodes, WARM_START_LR
     ws.run.eval_n = 0
@@ -106,8 +113,6 @@ def warm_start_folder(cfg: TrainConfig) -> Path:
 
 def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
     """The warm-started model for ``cfg`` (built now, or found in the cache)."""
-    from treegym.trainers.sft import SFT_META, run_sft
-
     folder = warm_start_folder(cfg)
     meta_path = folder / SFT_META
     if meta_path.exists() and (folder / "config.json").exists():
@@ -140,11 +145,6 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
 def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
     summary table (returned on the main process, None on the others)."""
-    from treegym.trainers.heldout import phase_summary
-    from treegym.trainers.loop import train
-    from treegym.trainers.metrics import plot_phases
-    from treegym.trainers.prompts import preflight
-
     preflight(cfg)  # before the warm start
     main = int(os.environ.get("RANK", "0")) == 0
     base_model = cfg.model
@@ -205,15 +205,6 @@ def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
     """``cfg.model`` as it is (untrained) on the run's held-out prompts, with the trainer's protocol."""
     if not cfg.run.eval_n:
         return None
-    import torch
-
-    from treegym.agents.models import load_model
-    from treegym.agents.rollout.context import resolve_mode
-    from treegym.trainers.heldout import evaluate_policy
-    from treegym.trainers.model import make_policy
-    from treegym.trainers.parallel import pick_device
-    from treegym.trainers.prompts import make_env
-
     device = pick_device(cfg.model_opts.device)
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
     return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg,

@@ -21,13 +21,18 @@ from typing import Any
 import torch
 
 from treegym.agents.eval import progress_bar, read_traces
+from treegym.agents.models import load_model
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
+from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError, TreegymError
+from treegym.trainers import parallel
 from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
-from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, select_examples
+from treegym.trainers.model import make_policy, with_lora
+from treegym.trainers.prompts import make_env, train_prompts
+from treegym.trainers.sft_data import ExpertError, SFTExample, collect_episodes, make_expert, select_examples
 
 SFT_META = "sft.json"
 
@@ -184,11 +189,6 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
     ``cfg.sft`` says how to imitate; the rest of ``cfg`` is the run the model is for: its env and
     training variant, turn budget and length (``sampler``), splits and held-out prompts (``run``),
     device and LoRA (``model_opts``)."""
-    from treegym.envs import registry as env_registry
-    from treegym.trainers import parallel
-    from treegym.trainers.model import make_policy, with_lora
-    from treegym.trainers.prompts import make_env, train_prompts
-
     t0 = time.perf_counter()
     validate(cfg)
     sft, s = cfg.sft, cfg.sampler
@@ -205,8 +205,6 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
         prompts = train_prompts(env_registry.task_ids(env), cfg.seed, 0, sft.episodes)
         episodes = collect_episodes(env, expert, prompts, progress, max_turns=s.max_turns)
         source = f"{name} expert on {cfg.env} ({cfg.run.train_split})"
-
-    from treegym.agents.models import load_model
 
     device = parallel.pick_device(cfg.model_opts.device)
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
@@ -249,12 +247,9 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
 
 def expert_name(cfg: TrainConfig) -> str:
     """The expert ``cfg.sft.expert`` names: ``auto`` is the env family's (``Family.expert``)."""
-    from treegym.envs.registry import family
-    from treegym.trainers.sft_data import ExpertError
-
     if cfg.sft.expert != "auto":
         return cfg.sft.expert
-    fam = family(cfg.env)
+    fam = env_registry.family(cfg.env)
     if fam.expert is None:
         raise ExpertError(f"env {cfg.env!r} has no scripted expert; pass --traces from `treegym eval --out DIR`")
     return fam.expert
