@@ -274,8 +274,7 @@ def apply_mapping(cfg: TrainConfig, data: dict[str, Any], prefix: str = "") -> N
     """Apply a (nested) mapping, as read from YAML, to ``cfg``."""
     for key, value in data.items():
         path = f"{prefix}{key}"
-        sub = leaf_paths()
-        if isinstance(value, dict) and any(p.startswith(path + ".") for p in sub):
+        if isinstance(value, dict) and any(p.startswith(path + ".") for p in leaf_paths()):
             apply_mapping(cfg, value, path + ".")
         else:
             set_path(cfg, path, value)

@@ -2,7 +2,7 @@
 
 One protocol, and one function (``evaluate_policy``), for every phase of a run (the untrained
 model, the warm start, the end of RL) and for SFT's before/after: one chain per held-out prompt
-(``treegym.trainers.prompts.eval_prompts``, the set ``treegym eval`` plays), greedy by default,
+(``treegym.agents.eval.chosen_prompts``: the set ``treegym eval --n`` plays), greedy by default,
 each scored as ``treegym eval`` scores it (``EpisodeScore``). The result keeps one score per
 prompt, in prompt order, so that two evaluations on the same prompts give a paired gain with its
 interval (``phase_summary``).
@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from treegym.agents.eval import progress_bar
+from treegym.agents.eval import chosen_prompts, progress_bar
 from treegym.agents.policy import Policy
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.stats import Interval, paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.prompts import eval_prompts, sampling_params
+from treegym.trainers.prompts import sampling_params
 
 
 def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, device: torch.device, *,
@@ -34,7 +34,7 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, devic
     every process gets the whole evaluation, in prompt order; None when there are no prompts.
     ``progress`` shows a bar of agent turns (at most prompts x max_turns)."""
     s = cfg.sampler
-    prompts = eval_prompts(cfg, env)[dist.rank :: dist.world]
+    prompts = chosen_prompts(env, cfg.run.eval_n)[dist.rank :: dist.world]
     params = sampling_params(cfg, temperature=cfg.run.eval_temperature if temperature is None else temperature, top_p=1.0)
     local = None
     if prompts:

@@ -1,5 +1,5 @@
-"""The envs and prompts of a run: its training variant, the training prompt stream, the
-held-out prompts (the set ``treegym eval`` plays too) and the sampling parameters."""
+"""The envs and prompts of a run: its training variant, the training prompt stream and the
+sampling parameters (its held-out prompts are ``treegym eval``'s, ``agents.eval.chosen_prompts``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from treegym.agents.rollout.scoring import heldout_prompts
 from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError
 from treegym.trainers.config import TrainConfig
@@ -67,8 +66,3 @@ def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> l
         random.Random(seed * 7919 + epoch).shuffle(order)
         out.append({"task_id": ids[order[i]]})
     return out
-
-
-def eval_prompts(cfg: TrainConfig, eval_env: gym.Env) -> list[Any]:
-    """The run's ``run.eval_n`` held-out prompts: the set ``treegym eval --n`` plays on the same split."""
-    return heldout_prompts(env_registry.task_ids(eval_env), cfg.run.eval_n)

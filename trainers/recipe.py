@@ -130,11 +130,8 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log)
-    meta = json.loads((tmp / SFT_META).read_text())
-    meta["untrained"] = untrained.to_dict() if untrained is not None else None
-    meta["key"] = warm_start_key(cfg)
-    (tmp / SFT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log,
+                     meta={"untrained": untrained.to_dict() if untrained is not None else None, "key": warm_start_key(cfg)})
     try:
         os.replace(tmp, folder)
     except OSError:  # another run finished the same warm start first; theirs is as good

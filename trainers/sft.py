@@ -85,16 +85,6 @@ def batch_nll(scorer: TokenScorer, examples: Sequence[SFTExample], pad_id: int, 
     return -logp.sum(), int(mask.sum())
 
 
-def example_loss(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int, device: torch.device) -> float:
-    """Mean NLL per labelled token of ``examples`` (no grad)."""
-    total, count, scorer = 0.0, 0, TokenScorer(model)
-    with torch.no_grad():
-        for i in range(0, len(examples), 4):
-            s, n = batch_nll(scorer, examples[i : i + 4], pad_id, device)
-            total, count = total + float(s), count + n
-    return total / max(count, 1)
-
-
 # ---- training ---------------------------------------------------------------------------------
 
 
@@ -183,8 +173,9 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 # ---- the whole job ----------------------------------------------------------------------------
 
 
-def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTResult:
-    """Collect (or read) expert episodes, train, save, and score before and after (see module doc).
+def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dict[str, Any] | None = None) -> SFTResult:
+    """Collect (or read) expert episodes, train, save (``meta`` added to its sft.json), and score
+    before and after (see module doc).
 
     ``cfg.sft`` says how to imitate; the rest of ``cfg`` is the run the model is for: its env and
     training variant, turn budget and length (``sampler``), splits and held-out prompts (``run``),
@@ -236,11 +227,11 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
     after = score()
     if after is not None:
         log(f"sft: after:  success {after.success_rate:.3f}, well-formed actions {after.mean('well_formed'):.3f}")
-    meta = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
-            "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
-            "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-            "config": to_dict(cfg)}
-    save_model(model, tokenizer, folder, meta)
+    saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
+             "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
+             "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
+             "config": to_dict(cfg), **(meta or {})}
+    save_model(model, tokenizer, folder, saved)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),
                      losses[0], losses[-1], before, after, time.perf_counter() - t0)
 
