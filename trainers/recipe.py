@@ -59,21 +59,17 @@ class WarmStart:
     untrained: HeldOut | None  # the base model on the run's held-out prompts
 
 
-def expert_for(env_id: str) -> str | None:
-    """The scripted expert the warm start imitates on ``env_id``: its family record's ``expert``."""
-    return family(env_id).expert
-
-
 def wants_warm_start(cfg: TrainConfig) -> bool:
     """``auto``: for the embedded model (which cannot write the action format) on an env with an expert."""
     if cfg.warm_start == "off":
         return False
+    has_expert = family(cfg.env).expert is not None  # the scripted expert the warm start imitates
     if cfg.warm_start == "on":
-        if expert_for(cfg.env) is None:
+        if not has_expert:
             have = ", ".join(f.id for f in FAMILIES.values() if f.expert)
             raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {have})")
         return True
-    return cfg.model.lower() == "smollm2" and expert_for(cfg.env) is not None
+    return cfg.model.lower() == "smollm2" and has_expert
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
@@ -85,7 +81,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
                if k not in ("out", "episodes", "lr", "micro_batch_size") and v != getattr(defaults, k)}  # fmt: skip
     key = {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
-        "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
+        "env_kwargs": train_env_kwargs(cfg), "expert": family(cfg.env).expert,
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it

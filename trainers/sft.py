@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from treegym.agents.eval import progress_bar, read_traces
-from treegym.agents.models import load_model
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs import registry as env_registry
@@ -30,7 +29,7 @@ from treegym.trainers import parallel
 from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
-from treegym.trainers.model import make_policy, with_lora
+from treegym.trainers.model import load_trainable_model, make_policy
 from treegym.trainers.prompts import make_env, train_prompts
 from treegym.trainers.sft_data import ExpertError, SFTExample, collect_episodes, make_expert, select_examples
 
@@ -198,7 +197,7 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
         source = f"{name} expert on {cfg.env} ({cfg.run.train_split})"
 
     device = parallel.pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+    model, tokenizer = load_trainable_model(cfg, device)  # as RL loads it: LoRA (zero at first), checkpointing
     mode = resolve_mode(s.context_mode, tokenizer)
     ctx = TokenContext(tokenizer, mode)  # type: ignore[arg-type]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -219,8 +218,6 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
     if before is not None:
         log(f"sft: before: success {before.success_rate:.3f}, well-formed actions {before.mean('well_formed'):.3f} "
             f"({before.n} {cfg.run.eval_split} prompts)")
-    if cfg.model_opts.lora:
-        model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA SFT (--lora)")
     t_train = time.perf_counter()
     losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
