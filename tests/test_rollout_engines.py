@@ -110,7 +110,6 @@ def test_a_colocated_engine_sleeps_through_each_update_and_gets_the_new_weights(
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", standin.standin_vllm(_HFEngine))
     monkeypatch.setattr(engines, "resolve_backend", lambda cfg, device, world: "vllm")
-    monkeypatch.setattr(engines, "preflight", lambda cfg: None)
     result = train(tiny_config(tiny_model, tmp_path, algo="grpo", steps=12, run__name="vllm"), progress=False)
     llm = _HFEngine.last
     step = ["sleep2", "wake:weights", "wake:kv_cache", "reset"]

@@ -7,11 +7,11 @@ import pytest
 
 import treegym  # noqa: F401  (registers the envs)
 import treegym.envs as envs
-from treegym.agents.eval import _episode_of_tree, evaluate, score_episode
+from treegym.agents.eval import _episode_of_tree, chosen_prompts, evaluate, score_episode
 from treegym.agents.rollout.scoring import HELDOUT_SEED, EpisodeScore, HeldOut, chain_score, heldout_prompts
 from treegym.agents.rollout.types import Node, Tree, Turn
 from treegym.trainers.config import load_config
-from treegym.trainers.prompts import eval_prompts, make_env
+from treegym.trainers.prompts import make_env
 
 
 def _turn(invalid: bool, tool_calls: int = 0, info: dict | None = None) -> Turn:
@@ -55,7 +55,8 @@ class _Finish:
 def test_eval_n_32_and_a_train_runs_32_heldout_prompts_are_the_same_tasks() -> None:
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
     assert cfg.run.eval_n == 32
-    trained_on = [p["task_id"] for p in eval_prompts(cfg, make_env(cfg, cfg.run.eval_split))]
+    # the prompts a train run's held-out evaluation plays (trainers.heldout.evaluate_policy), on its own env
+    trained_on = [p["task_id"] for p in chosen_prompts(make_env(cfg, cfg.run.eval_split), cfg.run.eval_n)]
     report = evaluate(_Finish(), "TextHousehold-v0", 32, max_turns=1, progress=False)
     evaluated = [s.episode_id.split(":", 1)[1] for s in report.scores]
     assert len(set(evaluated)) == 32 and evaluated == trained_on

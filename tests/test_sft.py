@@ -18,9 +18,11 @@ from treegym.agents.rollout.samplers import sample_chains
 from treegym.cli import main
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.config import SFTConfig, TrainConfig, load_config
-from treegym.trainers.sft import check_writable, example_loss, run_sft, train_examples
+from treegym.trainers.logprobs import TokenScorer
+from treegym.trainers.sft import batch_nll, check_writable, run_sft, train_examples
 from treegym.trainers.sft_data import (
     ExpertError,
+    SFTExample,
     collect_episodes,
     episode_example,
     make_expert,
@@ -111,16 +113,23 @@ def _short_episodes() -> list[Transcript]:
     return out
 
 
+def example_loss(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int) -> float:
+    """Mean NLL per labelled token of ``examples`` (no grad)."""
+    with torch.no_grad():
+        total, count = batch_nll(TokenScorer(model), examples, pad_id, torch.device("cpu"))
+    return float(total) / max(count, 1)
+
+
 def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
     from treegym.agents.models import load_model
 
     torch.manual_seed(0)
     model, tokenizer = load_model("smollm2", device="cpu", dtype=torch.float32)  # a private copy: it is trained
     examples = [episode_example(TokenContext(tokenizer, "chat"), ep) for ep in _short_episodes()]
-    before = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
+    before = example_loss(model, examples, tokenizer.pad_token_id)
     cfg = SFTConfig(epochs=2, batch_size=3, micro_batch_size=3, lr=1e-4, warmup=0.0)
     losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False)
-    after = example_loss(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
+    after = example_loss(model, examples, tokenizer.pad_token_id)
     assert len(losses) == 2
     assert after < 0.8 * before
 

@@ -94,14 +94,14 @@ def test_bad_train_config_is_a_one_line_error(args: list[str], message: str, tmp
 
 @pytest.mark.parametrize("variant", ["TextHousehold-Train-v0", "WebSearchQA-Train-v0", "TreeSearchQA-Train-v0"])
 def test_a_training_variant_id_trains_with_its_base_envs_defaults_and_expert(variant: str) -> None:
-    from treegym.envs.registry import base_id
-    from treegym.trainers.recipe import expert_for, wants_warm_start
+    from treegym.envs.registry import base_id, family
+    from treegym.trainers.recipe import wants_warm_start
 
     base = base_id(variant)
     assert base != variant
     as_variant, as_base = load_config(overrides=[("env", variant)]), load_config(overrides=[("env", base)])
     assert as_variant.sampler == as_base.sampler and as_variant.warm_start_episodes == as_base.warm_start_episodes
-    assert expert_for(variant) == expert_for(base) == "heuristic" and wants_warm_start(as_variant)
+    assert family(variant).expert == family(base).expert == "heuristic" and wants_warm_start(as_variant)
 
 
 def test_household_defaults_fit_the_env() -> None:

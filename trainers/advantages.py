@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -30,12 +31,11 @@ EPS = 1e-6
 # ---- the math ---------------------------------------------------------------------------------
 
 
-def group_stats(values: Tensor, group: Tensor, *, singleton_zero_mean: bool = True) -> tuple[Tensor, Tensor]:
+def group_stats(values: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
     """Per-element mean and unbiased std of the element's group.
 
     A group of one gets mean 0 and std 1 (the convention of the GRPO reference code), so its
-    normalised value is the raw value; ``singleton_zero_mean=False`` gives it mean = value
-    and std 1 instead (advantage 0).
+    normalised value is the raw value.
     """
     values = values.to(torch.float64)
     _, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
@@ -46,7 +46,7 @@ def group_stats(values: Tensor, group: Tensor, *, singleton_zero_mean: bool = Tr
     # Unbiased (n - 1) std; a group of one has no spread to measure.
     stds = torch.sqrt(sq / (n - 1).clamp(min=1.0))
     single = counts == 1
-    means = torch.where(single, torch.zeros_like(means) if singleton_zero_mean else means, means)
+    means = torch.where(single, torch.zeros_like(means), means)
     stds = torch.where(single, torch.ones_like(stds), stds)
     return means[inverse], stds[inverse]
 
@@ -146,11 +146,6 @@ def _prompts(rollouts: Sequence[Rollout]) -> Tensor:
 def grpo(rollouts: Sequence[Rollout], *, use_std: bool = True) -> TokenAdvantages:
     """GRPO: every action token of a rollout gets its group-normalised reward (group = prompt)."""
     return _broadcast(rollouts, group_normalize(_rewards(rollouts), _prompts(rollouts), use_std=use_std))
-
-
-def dr_grpo(rollouts: Sequence[Rollout]) -> TokenAdvantages:
-    """Dr. GRPO: GRPO without the std division."""
-    return grpo(rollouts, use_std=False)
 
 
 def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", prefix_credit: str = "per_leaf") -> TokenAdvantages:
@@ -306,7 +301,7 @@ def treeopsd(
 # in ``algorithms.py`` hold the functions themselves).
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo,
-    "dr-grpo": dr_grpo,
+    "dr-grpo": partial(grpo, use_std=False),  # Dr. GRPO: GRPO without the std division
     "tree-grpo": tree_grpo,
     "treeopsd": treeopsd,
 }

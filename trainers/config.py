@@ -8,6 +8,7 @@ naming the field and what it accepts.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import typing
@@ -274,8 +275,7 @@ def apply_mapping(cfg: TrainConfig, data: dict[str, Any], prefix: str = "") -> N
     """Apply a (nested) mapping, as read from YAML, to ``cfg``."""
     for key, value in data.items():
         path = f"{prefix}{key}"
-        sub = leaf_paths()
-        if isinstance(value, dict) and any(p.startswith(path + ".") for p in sub):
+        if isinstance(value, dict) and any(p.startswith(path + ".") for p in leaf_paths()):
             apply_mapping(cfg, value, path + ".")
         else:
             set_path(cfg, path, value)
@@ -418,8 +418,6 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
     """One ``--flag`` per ``flag -> config path``, with the field's type, choices, help and default
     (a bool field with default False is a bare switch). A flag not given stays unset, so that the
     env family's defaults and a YAML file apply under it; ``given_overrides`` collects the rest."""
-    import argparse
-
     paths, defaults = leaf_paths(), TrainConfig()
     for flag, path in flags.items():
         meta, default = paths[path].metadata, get_path(defaults, path)
@@ -443,8 +441,6 @@ def given_overrides(args: Any, flags: dict[str, str]) -> list[tuple[str, Any]]:
 def add_config_command(subparsers: Any, name: str, flags: dict[str, str], func: Any, **parser_kwargs: Any) -> None:
     """A subcommand whose options are config fields: ``--config`` (a YAML file), the ``flags``
     (``add_options``), ``--no-progress``, and any field as ``--section.field=value``."""
-    import argparse
-
     p = subparsers.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **parser_kwargs)
     p.add_argument("--config", help="YAML file of config fields (nested by section), under the flags")
     add_options(p, flags)

@@ -54,13 +54,6 @@ def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
     return choice
 
 
-def preflight(cfg: TrainConfig) -> None:
-    """``resolve_backend`` before anything loads (the device as ``model_opts.device`` would pick it)."""
-    import os
-
-    resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
-
-
 @dataclass
 class Engine:
     """The run's sampling policy and how it follows the trained weights."""

@@ -1,10 +1,10 @@
 """Held-out evaluation of a policy, per prompt, so that phases can be compared pairwise.
 
-One protocol for every phase of a run (the untrained model, the warm start, the end of RL)
-and for SFT's before/after: one chain per held-out prompt (``treegym.trainers.prompts.
-eval_prompts``, the set ``treegym eval`` plays), greedy by default, each scored as
-``treegym eval`` scores it (``EpisodeScore``). The result keeps one score per prompt, in
-prompt order, so that two evaluations on the same prompts give a paired gain with its
+One protocol, and one function (``evaluate_policy``), for every phase of a run (the untrained
+model, the warm start, the end of RL) and for SFT's before/after: one chain per held-out prompt
+(``treegym.agents.eval.chosen_prompts``: the set ``treegym eval --n`` plays), greedy by default,
+each scored as ``treegym eval`` scores it (``EpisodeScore``). The result keeps one score per
+prompt, in prompt order, so that two evaluations on the same prompts give a paired gain with its
 interval (``phase_summary``).
 """
 
@@ -13,35 +13,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from treegym.agents.eval import progress_bar
-from treegym.agents.policy import Policy, SamplingParams
+import torch
+
+from treegym.agents.eval import chosen_prompts, progress_bar
+from treegym.agents.policy import Policy
+from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.stats import Interval, paired_difference
+from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
 from treegym.trainers.prompts import sampling_params
 
 
-def evaluate_policy(policy: Policy, env: Any, prompts: Sequence[Any], cfg: TrainConfig, mode: str,
-                    temperature: float, progress: bool = False) -> HeldOut | None:
-    """``play_heldout`` with the trainer's turn budget, turn length and context cap."""
+def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, device: torch.device, *,
+                    temperature: float | None = None, dist: parallel.Dist = parallel.Dist(),
+                    progress: bool = False) -> HeldOut | None:
+    """``policy`` on the run's held-out prompts of ``env``, one chain each, with the trainer's turn
+    budget, turn length and context cap, at ``temperature`` (default ``run.eval_temperature``),
+    without grad and under the run's autocast. Under torchrun each process plays its share and
+    every process gets the whole evaluation, in prompt order; None when there are no prompts.
+    ``progress`` shows a bar of agent turns (at most prompts x max_turns)."""
     s = cfg.sampler
-    return play_heldout(policy, env, prompts, sampling_params(cfg, temperature=temperature, top_p=1.0),
-                        max_turns=s.max_turns, mode=mode, max_context_tokens=s.max_context_tokens, progress=progress)
-
-
-def play_heldout(policy: Policy, env: Any, prompts: Sequence[Any], params: SamplingParams, *, max_turns: int,
-                 mode: str, max_context_tokens: int | None = None, progress: bool = False) -> HeldOut | None:
-    """``policy`` on ``prompts``: one chain each (the caller holds no_grad and autocast); None
-    when there are no prompts. ``progress`` shows a bar of agent turns (at most prompts x max_turns)."""
-    from treegym.agents.rollout.samplers import sample_chains
-
-    if not prompts:
-        return None
-    with progress_bar(len(prompts) * max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn",
-                      leave=False) as bar:
-        batch = sample_chains(policy, env, list(prompts), 1, params, max_turns=max_turns, mode=mode,  # type: ignore[arg-type]
-                              max_context_tokens=max_context_tokens, progress=bar)
-    return heldout_from_batch(batch)
+    prompts = chosen_prompts(env, cfg.run.eval_n)[dist.rank :: dist.world]
+    params = sampling_params(cfg, temperature=cfg.run.eval_temperature if temperature is None else temperature, top_p=1.0)
+    local = None
+    if prompts:
+        bar = progress_bar(len(prompts) * s.max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn", leave=False)
+        with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16), bar:
+            batch = sample_chains(policy, env, prompts, 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
+                                  max_context_tokens=s.max_context_tokens, progress=bar)
+        local = heldout_from_batch(batch)
+    return HeldOut.merge(parallel.gather_objects(local, dist)) if dist.on else local
 
 
 def _iv(iv: Interval) -> list[float]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
@@ -55,7 +55,7 @@ from treegym.trainers.model import (
     policy_generators,
     reference_scope,
 )
-from treegym.trainers.prompts import eval_prompts, make_env, preflight, sampling_params, train_prompts
+from treegym.trainers.prompts import make_env, preflight, sampling_params, train_prompts
 from treegym.trainers.run_folder import RunLock, open_run_folder, remove_if_unused
 
 MAX_NONFINITE_STREAK = 3
@@ -84,11 +84,12 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
+def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
+    the caller has run ``preflight(cfg)`` already (``treegym train``, before its warm start)."""
     t_start = time.time()
-    preflight(cfg)
-    engines.preflight(cfg)
+    if not checked:
+        preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
@@ -107,7 +108,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
             # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
             if cfg.run.eval_every and run.state.step % cfg.run.eval_every == 0 and not finished:
-                run.log_eval(run.state.step, run.evaluate())
+                run.log_eval(run.state.step, run.evaluate(run.eval_env))
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
                 rngs = parallel.gather_objects(rng_state(run.generators), dist)
                 gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
@@ -158,7 +159,7 @@ class Run:
     scorer: TokenScorer
     reference: torch.nn.Module | None
     updater: upd.Update
-    policy: Policy
+    engine: engines.Engine  # the sampling policy, and how it follows the trained weights
     generators: Any
     env: Any
     eval_env: Any
@@ -170,27 +171,19 @@ class Run:
     last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
-    engine: engines.Engine | None = None  # how ``policy`` follows the trained weights
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
     also_env: Any = None  # the run.also_eval_split env, scored before and after
 
     def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
         with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
-            return self.algo.sample(self.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
+            return self.algo.sample(self.engine.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
 
-    def evaluate(self, temperature: float | None = None, env: Any = None) -> HeldOut | None:
-        """One chain per held-out prompt (this process's share), gathered in rank order; on
-        ``env`` (``also_env``) instead of the eval env when given."""
-        if self.eval_env is None:
+    def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
+        """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
+        if env is None:
             return None
-        cfg, dist = self.cfg, self.dist
-        env = env or self.eval_env
-        temperature = cfg.run.eval_temperature if temperature is None else temperature
-        prompts = eval_prompts(cfg, env)[dist.rank :: dist.world]
-        with torch.no_grad(), parallel.autocast(self.device, cfg.model_opts.bf16):
-            local = evaluate_policy(self.policy, env, prompts, cfg, self.mode, temperature,
-                                    progress=self.progress and dist.main)
-        return HeldOut.merge(parallel.gather_objects(local, dist))
+        return evaluate_policy(self.engine.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
+                               dist=self.dist, progress=self.progress and self.dist.main)
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
         """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""
@@ -199,7 +192,7 @@ class Run:
         row = {"eval_success": got.success_rate, "tokens_total": self.state.tokens_total,
                **{k: self.state.extra.get(k, 0) for k in CURRENCY_TOTALS}}
         if self.cfg.run.eval_sampled:
-            sampled = self.evaluate(1.0)
+            sampled = self.evaluate(self.eval_env, 1.0)
             row["eval_success_t1"] = None if sampled is None else sampled.success_rate
         if self.log is not None:
             self.log.log(step, row)
@@ -222,7 +215,6 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; success before."""
     algo = get_algorithm(cfg.algo)
     backend = engines.resolve_backend(cfg, device, dist.world)
-    parallel.check(cfg.model_opts.parallel, cfg.model_opts.lora)
     sharded = dist.on and cfg.model_opts.parallel == "fsdp"
     parallel.seed_everything(cfg.seed * 1000 + dist.rank)
     model, tokenizer = load_trainable_model(cfg, device)
@@ -234,8 +226,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
-    policy = engine.policy
-    generators = policy_generators(policy)
+    generators = policy_generators(engine.policy)
     env = make_env(cfg, cfg.run.train_split)
     sampling = sampling_params(cfg)
     state = TrainState()
@@ -248,7 +239,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     log = MetricsLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
                  config=to_dict(cfg), resume_step=state.step) if dist.main else None
     run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
-              scorer=scorer, reference=reference, updater=updater, policy=policy, generators=generators, env=env,
+              scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
               task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
               sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded,
@@ -256,12 +247,12 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:
-        before = run.evaluate()
+        before = run.evaluate(run.eval_env)
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
         run.log_eval(0, before)
     if run.also_env is not None and "also_before" not in state.extra:
-        also = run.evaluate(env=run.also_env)
+        also = run.evaluate(run.also_env)
         state.extra["also_before"] = None if also is None else also.to_dict()
     return run
 
@@ -325,11 +316,9 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "tool_rounds": bud.tool_rounds, "resampled": bud.resampled,
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
-    # Running totals in every budget currency, for the held-out curves (see log_eval).
-    for key, add in (("tool_calls_total", totals["tool_calls"]), ("trainer_tokens_total", totals["trainer_tokens"]),
-                     ("tool_rounds_total", totals["tool_rounds"]),
-                     ("seconds_total", time.time() - t0 + run.sample_seconds)):
-        state.extra[key] = state.extra.get(key, 0) + add
+    totals["seconds"] = time.time() - t0 + run.sample_seconds
+    for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
+        state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
     run.last_batch = batch
     return StepMetrics({
@@ -342,7 +331,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
         "zero_adv_frac": upd.zero_share(adv.advantages, rollouts),
         "skipped": int(nonfinite), "time_sample": run.sample_seconds,
-        "time_step": time.time() - t0 + run.sample_seconds, "cpu_step": time.process_time() - cpu0,
+        "time_step": totals["seconds"], "cpu_step": time.process_time() - cpu0,
         **{k: sum(v) / len(v) for k, v in stats.items()},
     })
 
@@ -371,10 +360,10 @@ def finish(run: Run, t_start: float) -> TrainResult:
     sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
-    after = run.evaluate()
+    after = run.evaluate(run.eval_env)
     success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
-    also_after = run.evaluate(env=run.also_env) if run.also_env is not None else None
+    also_after = run.evaluate(run.also_env)
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
     history: list[dict[str, Any]] = []
     if run.log is not None:

@@ -10,7 +10,6 @@ Each loss returns a ``LossOutput`` whose named intermediates (``pg_loss1``, ``pg
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +134,6 @@ def treeopsd_loss(
     *,
     beta: float = 1.0,
     eps: float = 0.2,
-    teacher: Callable[[Tensor], Tensor] | None = None,
     weights: Tensor | None = None,
     agg: str = "token-mean",
     constant: float | None = None,
@@ -155,13 +153,10 @@ def treeopsd_loss(
     gradient direction with weight (r* - 1), the tangent of the PG objective. Unlike PPO's
     linear surrogate, it has a minimum at the finite target r = r*, so repeated epochs on one
     batch stop there instead of running to the clip edge.
-
-    ``teacher`` replaces ``teacher_ratio`` (a function of the advantages) if given.
     """
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
-    target = teacher(advantages) if teacher is not None else teacher_ratio(advantages, beta, eps)
-    target = target.detach()
+    target = teacher_ratio(advantages, beta, eps).detach()
     log_term = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
     linear_term = ratio - target  # -r* + r
     per_token = log_term + linear_term

@@ -169,13 +169,6 @@ def is_sharded(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
-def check(parallel: str, lora: bool) -> None:
-    """Refuse combinations this module does not support, before any model loads."""
-    if parallel == "fsdp" and lora:
-        raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
-                          "is small); use model_opts.parallel=ddp with model_opts.lora=true")
-
-
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a HF causal LM (each one FSDP unit)."""
     base = base_model(model)

@@ -1,15 +1,16 @@
-"""The envs and prompts of a run: its training variant, the training prompt stream, the
-held-out prompts (the set ``treegym eval`` plays too) and the sampling parameters."""
+"""The envs and prompts of a run: its training variant, the training prompt stream and the
+sampling parameters (its held-out prompts are ``treegym eval``'s, ``agents.eval.chosen_prompts``)."""
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
 import gymnasium as gym
 
-from treegym.agents.rollout.scoring import heldout_prompts
 from treegym.envs import registry as env_registry
+from treegym.errors import ConfigError
 from treegym.trainers.config import TrainConfig
 
 
@@ -36,14 +37,21 @@ def make_env(cfg: TrainConfig, split: str) -> gym.Env:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Fail in a second, before any model load or run folder: the env id, its splits, the model."""
+    """Fail in a second, before any model load, run folder or warm start: the env id, its splits,
+    the model, how the update is parallel, and the rollout engine as ``model_opts.device`` would
+    pick it (e.g. sampler.backend=vllm without vllm)."""
     from treegym.agents.models import resolve_model_folder
+    from treegym.trainers import engines, parallel
 
     env_registry.resolve_split(cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
         for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
             env_registry.resolve_split(cfg.env, split)
     resolve_model_folder(cfg.model)
+    if cfg.model_opts.parallel == "fsdp" and cfg.model_opts.lora:
+        raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
+                          "is small); use model_opts.parallel=ddp with model_opts.lora=true")
+    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:
@@ -58,8 +66,3 @@ def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> l
         random.Random(seed * 7919 + epoch).shuffle(order)
         out.append({"task_id": ids[order[i]]})
     return out
-
-
-def eval_prompts(cfg: TrainConfig, eval_env: gym.Env) -> list[Any]:
-    """The run's ``run.eval_n`` held-out prompts: the set ``treegym eval --n`` plays on the same split."""
-    return heldout_prompts(env_registry.task_ids(eval_env), cfg.run.eval_n)

@@ -25,11 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from treegym.agents.models import load_model
+from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
+from treegym.trainers.heldout import evaluate_policy, phase_summary
+from treegym.trainers.loop import train
+from treegym.trainers.metrics import plot_phases
+from treegym.trainers.model import make_policy
+from treegym.trainers.parallel import pick_device
+from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
+from treegym.trainers.sft import SFT_META, run_sft
 
 WARM_START_VERSION = 1
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
@@ -48,26 +59,20 @@ class WarmStart:
     untrained: HeldOut | None  # the base model on the run's held-out prompts
 
 
-def expert_for(env_id: str) -> str | None:
-    """The scripted expert the warm start imitates on ``env_id``: its family record's ``expert``."""
-    return family(env_id).expert
-
-
 def wants_warm_start(cfg: TrainConfig) -> bool:
     """``auto``: for the embedded model (which cannot write the action format) on an env with an expert."""
     if cfg.warm_start == "off":
         return False
+    has_expert = family(cfg.env).expert is not None  # the scripted expert the warm start imitates
     if cfg.warm_start == "on":
-        if expert_for(cfg.env) is None:
+        if not has_expert:
             have = ", ".join(f.id for f in FAMILIES.values() if f.expert)
             raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {have})")
         return True
-    return cfg.model.lower() == "smollm2" and expert_for(cfg.env) is not None
+    return cfg.model.lower() == "smollm2" and has_expert
 
 
 def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
-    from treegym.trainers.prompts import train_env_kwargs
-
     s, defaults = cfg.sampler, SFTConfig()
     # sft settings off their defaults (so a default config keeps the key, and the cached model, it
     # had before SFT was a config section); out, episodes and lr are the warm start's own, and the
@@ -76,7 +81,7 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
                if k not in ("out", "episodes", "lr", "micro_batch_size") and v != getattr(defaults, k)}  # fmt: skip
     key = {
         "version": WARM_START_VERSION, "model": cfg.model, "env": cfg.env,
-        "env_kwargs": train_env_kwargs(cfg), "expert": expert_for(cfg.env),
+        "env_kwargs": train_env_kwargs(cfg), "expert": family(cfg.env).expert,
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
         # the untrained model's evaluation is stored with it
@@ -88,8 +93,6 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
 def warm_start_config(cfg: TrainConfig, out: Path) -> TrainConfig:
     """The SFT run a warm start is: ``cfg`` with its episodes and learning rate, all weights trained
     (LoRA is for RL) and no held-out scores (the untrained model's are measured apart)."""
-    from treegym.trainers.parallel import pick_device
-
     ws = copy.deepcopy(cfg)
     ws.sft.out, ws.sft.episodes, ws.sft.lr = str(out), cfg.warm_start_episodes, WARM_START_LR
     ws.run.eval_n = 0
@@ -106,8 +109,6 @@ def warm_start_folder(cfg: TrainConfig) -> Path:
 
 def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
     """The warm-started model for ``cfg`` (built now, or found in the cache)."""
-    from treegym.trainers.sft import SFT_META, run_sft
-
     folder = warm_start_folder(cfg)
     meta_path = folder / SFT_META
     if meta_path.exists() and (folder / "config.json").exists():
@@ -120,16 +121,13 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
-    untrained = evaluate_model(cfg, cfg.model, progress=progress)
+    untrained = evaluate_model(cfg, progress=progress)
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log)
-    meta = json.loads((tmp / SFT_META).read_text())
-    meta["untrained"] = untrained.to_dict() if untrained is not None else None
-    meta["key"] = warm_start_key(cfg)
-    (tmp / SFT_META).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log,
+                     meta={"untrained": untrained.to_dict() if untrained is not None else None, "key": warm_start_key(cfg)})
     try:
         os.replace(tmp, folder)
     except OSError:  # another run finished the same warm start first; theirs is as good
@@ -140,21 +138,14 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
 def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
     summary table (returned on the main process, None on the others)."""
-    from treegym.trainers import engines
-    from treegym.trainers.heldout import phase_summary
-    from treegym.trainers.loop import train
-    from treegym.trainers.metrics import plot_phases
-    from treegym.trainers.prompts import preflight
-
-    preflight(cfg)
-    engines.preflight(cfg)  # e.g. sampler.backend=vllm without vllm: before a warm start
+    preflight(cfg)  # before the warm start
     main = int(os.environ.get("RANK", "0")) == 0
     base_model = cfg.model
     ws = None
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, checked=True)
     if not main:
         return None
     if not cfg.run.keep_checkpoints:
@@ -203,24 +194,11 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
     return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
 
 
-def evaluate_model(cfg: TrainConfig, model_spec: str, progress: bool = False) -> HeldOut | None:
-    """``model_spec`` on the run's held-out prompts, with the trainer's own protocol."""
+def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
+    """``cfg.model`` as it is (untrained) on the run's held-out prompts, with the trainer's protocol."""
     if not cfg.run.eval_n:
         return None
-    import torch
-
-    from treegym.agents.hf_policy import HFPolicy
-    from treegym.agents.models import load_model
-    from treegym.agents.rollout.context import resolve_mode
-    from treegym.trainers.heldout import evaluate_policy
-    from treegym.trainers.parallel import autocast, pick_device
-    from treegym.trainers.prompts import eval_prompts, make_env
-
     device = pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(model_spec, device=str(device), dtype=torch.float32)
-    env = make_env(cfg, cfg.run.eval_split)
-    prompts = eval_prompts(cfg, env)
-    mode = resolve_mode(cfg.sampler.context_mode, tokenizer)
-    with torch.no_grad(), autocast(device, cfg.model_opts.bf16):
-        return evaluate_policy(HFPolicy(model, tokenizer, seed=cfg.seed), env, prompts, cfg, mode, cfg.run.eval_temperature,
-                               progress=progress)
+    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg,
+                           resolve_mode(cfg.sampler.context_mode, tokenizer), device, progress=progress)

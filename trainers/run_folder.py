@@ -30,7 +30,7 @@ import yaml
 
 from treegym.errors import ConfigError
 from treegym.trainers.checkpoint import list_checkpoints
-from treegym.trainers.config import TrainConfig, leaf_paths, to_dict
+from treegym.trainers.config import TrainConfig, get_path, leaf_paths, to_dict
 from treegym.trainers.metrics import read_metrics
 
 # What a resume may change: how long to run, where and how often to write, and the device.
@@ -140,12 +140,11 @@ def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:
         return [f"its config.yaml cannot be read ({type(exc).__name__})"]
     if not isinstance(saved, dict):
         return ["its config.yaml is not a mapping"]
-    now = to_dict(cfg)
     out = []
     for path in leaf_paths():
         if path in MAY_CHANGE_ON_RESUME:
             continue
-        old, new = _get(saved, path), _get(now, path)
+        old, new = _get(saved, path), get_path(cfg, path)
         if old != new:
             out.append(f"{path}: {'(unset)' if old is _MISSING else repr(old)} -> {new!r}")
     return out

@@ -21,14 +21,17 @@ from typing import Any
 import torch
 
 from treegym.agents.eval import progress_bar, read_traces
-from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
+from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError, TreegymError
+from treegym.trainers import parallel
 from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
-from treegym.trainers.sft_data import SFTExample, collect_episodes, make_expert, select_examples
+from treegym.trainers.model import load_trainable_model, make_policy
+from treegym.trainers.prompts import make_env, train_prompts
+from treegym.trainers.sft_data import ExpertError, SFTExample, collect_episodes, make_expert, select_examples
 
 SFT_META = "sft.json"
 
@@ -79,16 +82,6 @@ def batch_nll(scorer: TokenScorer, examples: Sequence[SFTExample], pad_id: int, 
     ids, attn, targets, mask = (t.to(device) for t in pad_examples(examples, pad_id))
     logp, _ = scorer(ids, attn, targets, mask, with_entropy=False)
     return -logp.sum(), int(mask.sum())
-
-
-def example_loss(model: torch.nn.Module, examples: Sequence[SFTExample], pad_id: int, device: torch.device) -> float:
-    """Mean NLL per labelled token of ``examples`` (no grad)."""
-    total, count, scorer = 0.0, 0, TokenScorer(model)
-    with torch.no_grad():
-        for i in range(0, len(examples), 4):
-            s, n = batch_nll(scorer, examples[i : i + 4], pad_id, device)
-            total, count = total + float(s), count + n
-    return total / max(count, 1)
 
 
 # ---- training ---------------------------------------------------------------------------------
@@ -179,17 +172,13 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 # ---- the whole job ----------------------------------------------------------------------------
 
 
-def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTResult:
-    """Collect (or read) expert episodes, train, save, and score before and after (see module doc).
+def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dict[str, Any] | None = None) -> SFTResult:
+    """Collect (or read) expert episodes, train, save (``meta`` added to its sft.json), and score
+    before and after (see module doc).
 
     ``cfg.sft`` says how to imitate; the rest of ``cfg`` is the run the model is for: its env and
     training variant, turn budget and length (``sampler``), splits and held-out prompts (``run``),
     device and LoRA (``model_opts``)."""
-    from treegym.envs import registry as env_registry
-    from treegym.trainers import parallel
-    from treegym.trainers.model import base_model, with_lora
-    from treegym.trainers.prompts import eval_prompts, make_env, train_prompts
-
     t0 = time.perf_counter()
     validate(cfg)
     sft, s = cfg.sft, cfg.sampler
@@ -207,10 +196,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
         episodes = collect_episodes(env, expert, prompts, progress, max_turns=s.max_turns)
         source = f"{name} expert on {cfg.env} ({cfg.run.train_split})"
 
-    from treegym.agents.models import load_model
-
     device = parallel.pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+    model, tokenizer = load_trainable_model(cfg, device)  # as RL loads it: LoRA (zero at first), checkpointing
     mode = resolve_mode(s.context_mode, tokenizer)
     ctx = TokenContext(tokenizer, mode)  # type: ignore[arg-type]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -225,39 +212,32 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print) -> SFTRes
     def score() -> HeldOut | None:
         if eval_env is None:
             return None
-        with torch.no_grad():
-            return evaluate_policy(HFPolicy(base_model(model), tokenizer, seed=cfg.seed), eval_env,
-                                   eval_prompts(cfg, eval_env), cfg, mode, temperature=0.0)
+        return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, mode, device, temperature=0.0)
 
     before = score()
     if before is not None:
         log(f"sft: before: success {before.success_rate:.3f}, well-formed actions {before.mean('well_formed'):.3f} "
             f"({before.n} {cfg.run.eval_split} prompts)")
-    if cfg.model_opts.lora:
-        model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA SFT (--lora)")
     t_train = time.perf_counter()
     losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score()
     if after is not None:
         log(f"sft: after:  success {after.success_rate:.3f}, well-formed actions {after.mean('well_formed'):.3f}")
-    meta = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
-            "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
-            "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-            "config": to_dict(cfg)}
-    save_model(model, tokenizer, folder, meta)
+    saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
+             "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
+             "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
+             "config": to_dict(cfg), **(meta or {})}
+    save_model(model, tokenizer, folder, saved)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),
                      losses[0], losses[-1], before, after, time.perf_counter() - t0)
 
 
 def expert_name(cfg: TrainConfig) -> str:
     """The expert ``cfg.sft.expert`` names: ``auto`` is the env family's (``Family.expert``)."""
-    from treegym.envs.registry import family
-    from treegym.trainers.sft_data import ExpertError
-
     if cfg.sft.expert != "auto":
         return cfg.sft.expert
-    fam = family(cfg.env)
+    fam = env_registry.family(cfg.env)
     if fam.expert is None:
         raise ExpertError(f"env {cfg.env!r} has no scripted expert; pass --traces from `treegym eval --out DIR`")
     return fam.expert
