@@ -113,10 +113,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tool_calling_model(one_thread):
     """(model, tokenizer): a 2-layer random Llama over SmolLM2's tokenizer, drilled to call ``step``
-    with A or B (50/50) on each assistant turn of a ProbeKeys conversation; cached once built."""
+    with A or B (50/50) on each assistant turn of a ProbeKeys conversation; cached once built, and
+    loaded afresh for each test (a GRPOTrainer run changes its weights in place)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import qwen2_5_chat_template
 
