@@ -204,11 +204,17 @@ class _Sampler:
             self._exclude_heads(active, heads, dup, taken)
         out = list(heads)
         go_on = [i for i, h in enumerate(heads) if h.finish_reason == "length" and len(h.token_ids) < self.params.max_new_tokens]
+        # Heads are d tokens long, or 1 where exclusion redrew them: one tail call per length left.
         for rest in sorted({self.params.max_new_tokens - len(heads[i].token_ids) for i in go_on}):
             rows = [i for i in go_on if self.params.max_new_tokens - len(heads[i].token_ids) == rest]
             tails = self.policy.generate([contexts[i] + list(heads[i].token_ids) for i in rows],
                                          replace(self.params, max_new_tokens=rest))
-            out = self._joined(out, heads, rows, tails)
+            for i, tail in zip(rows, tails):
+                ids = list(heads[i].token_ids) + list(tail.token_ids)
+                text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
+                end = find_stop(text, self.params.stop) if tail.finish_reason == "stop" else -1
+                out[i] = Generation(tuple(ids), tuple(heads[i].logprobs) + tuple(tail.logprobs),
+                                    text[:end] if end >= 0 else text, tail.finish_reason)
         return out
 
     def _exclude_heads(self, active: list[_Branch], heads: list[Generation], dup: list[int],
@@ -232,16 +238,6 @@ class _Sampler:
                     taken[(id(active[i].tree), active[i].parent)].add(tuple(g.token_ids))
             self.resampled += len(batch)
             left = [i for i in left if i not in batch.values()]
-
-    def _joined(self, out: list[Generation], heads: list[Generation], rows: list[int],
-                tails: list[Generation]) -> list[Generation]:
-        for i, tail in zip(rows, tails):
-            ids = list(heads[i].token_ids) + list(tail.token_ids)
-            text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
-            end = find_stop(text, self.params.stop) if tail.finish_reason == "stop" else -1
-            out[i] = Generation(tuple(ids), tuple(heads[i].logprobs) + tuple(tail.logprobs),
-                                text[:end] if end >= 0 else text, tail.finish_reason)
-        return out
 
     def rollouts(self, tree: Tree) -> list[Rollout]:
         return [to_rollout(tree, leaf) for leaf in tree.kept_leaves]
