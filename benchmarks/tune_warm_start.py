@@ -29,6 +29,7 @@ from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import heldout_from_batch
 from treegym.envs import registry as env_registry
+from treegym.stats import paired_difference
 from treegym.trainers.config import load_config
 from treegym.trainers.prompts import make_env
 from treegym.trainers.sft import run_sft
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=32, help="first tuning task in the eval split (the run reports 0..eval_n-1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the episode draw and shuffling (the default run uses 0)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
+    ap.add_argument("--baseline", default="", help="also score this model folder (e.g. the cached warm start) on the same tasks, first")
     ap.add_argument("--keep", default="", help="keep each setting's model and its tuning traces under this folder")
     args = ap.parse_args()
 
@@ -62,35 +64,51 @@ def main() -> None:
     eval_env = make_env(cfg, cfg.run.eval_split)
     ids = env_registry.task_ids(eval_env)
     prompts = [{"task_id": t} for t in ids[args.offset : args.offset + args.n]]
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
+
+    def score_folder(folder: Path):
+        model, tok = load_model(str(folder), device="cpu", dtype=torch.float32)
+        with torch.no_grad():
+            batch = sample_chains(HFPolicy(model, tok, seed=args.seed), eval_env, prompts, 1, greedy,
+                                  max_turns=s.max_turns, mode=resolve_mode(s.context_mode, tok))
+        return heldout_from_batch(batch), batch, tok
+
     rows = []
+    if args.baseline:
+        score = score_folder(Path(args.baseline))[0]
+        iv = score.intervals()["success"]
+        rows.append({"setting": "baseline", "model": args.baseline, "success": iv.mean, "ci": [iv.low, iv.high],
+                     "well_formed": score.mean("well_formed"), "per_task": score.values("success")})
+        print(f"{'baseline':>16}  success {iv.mean:6.1%} [{iv.low:.1%}, {iv.high:.1%}]  well-formed "
+              f"{score.mean('well_formed'):5.1%}  ({args.baseline})", flush=True)
     for spec in args.grid:
         episodes, epochs, lr, batch_size = spec.split(":")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(args.keep) / spec.replace(":", "_") if args.keep else Path(tmp) / "m"
             sft = load_config(None, [("env", args.env), ("sft.out", str(out)), ("sft.episodes", episodes),
                                      ("sft.epochs", epochs), ("sft.lr", lr), ("sft.batch_size", batch_size),
-                                     ("sft.micro_batch_size", min(4, int(batch_size))), ("run.eval_n", 0),
+                                     ("sft.micro_batch_size", min(cfg.sft.micro_batch_size, int(batch_size))), ("run.eval_n", 0),
                                      ("seed", args.seed), ("model_opts.device", "cpu")])
             t0 = time.perf_counter()
             result = run_sft(sft, progress=False, log=lambda *_: None)
             seconds = time.perf_counter() - t0
-            model, tok = load_model(str(result.folder), device="cpu", dtype=torch.float32)
-            greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
-            with torch.no_grad():
-                batch = sample_chains(HFPolicy(model, tok, seed=args.seed), eval_env, prompts, 1, greedy,
-                                      max_turns=s.max_turns, mode=resolve_mode(s.context_mode, tok))
-            score = heldout_from_batch(batch)
+            score, batch, tok = score_folder(result.folder)
             if args.keep:
                 _write_traces(tok, batch, out / "tuning_traces.txt")
         iv = score.intervals()["success"]
         lo, hi, well_formed = iv.low, iv.high, score.mean("well_formed")
         row = {"setting": spec, "success": iv.mean, "ci": [lo, hi], "well_formed": well_formed,
                "examples": result.examples, "label_tokens": result.label_tokens, "sft_s": seconds,
-               "loss_last": result.loss_last}
+               "loss_last": result.loss_last, "per_task": score.values("success")}
         rows.append(row)
         print(f"{spec:>16}  success {iv.mean:6.1%} [{lo:.1%}, {hi:.1%}]  well-formed {well_formed:5.1%}  "
               f"kept {result.examples:3d}  sft {seconds:4.0f} s  loss {result.loss_first:.3f} -> {result.loss_last:.3f}",
               flush=True)
+    if args.baseline:
+        for row in rows[1:]:
+            d = paired_difference(row["per_task"], rows[0]["per_task"])
+            print(f"{row['setting']:>16}  minus baseline: {100 * d.mean:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}] "
+                  f"(paired bootstrap over the {len(prompts)} tasks)")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
 
