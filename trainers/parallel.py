@@ -59,31 +59,34 @@ class Dist:
 def pick_device(device_pref: str) -> torch.device:
     """``model_opts.device`` for this process: ``auto`` is its GPU when there is one; under
     torchrun every process takes the GPU of its local rank."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    place = launched()
     if device_pref == "auto":
-        return torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+        return torch.device(f"cuda:{place.local_rank}" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device_pref)
     except RuntimeError:
         raise ConfigError(f"config field model_opts.device: {device_pref!r} is not cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config field model_opts.device: cuda was asked for, but no GPU is visible")
-    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = torch.device(f"cuda:{local}")
+    if device.type == "cuda" and place.on:
+        device = torch.device(f"cuda:{place.local_rank}")
     return device
+
+
+def launched() -> Dist:
+    """This process's place as torchrun's environment gives it (one process without torchrun)."""
+    env = os.environ
+    return Dist(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
 
 
 def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
     """Join the torchrun group if launched by torchrun (gloo on CPU, NCCL on GPU); pick the device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_pref)
+    dist, device = launched(), pick_device(device_pref)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not torch_dist.is_initialized():
+    if dist.on and not torch_dist.is_initialized():
         torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, local), device
+    return dist, device
 
 
 def barrier(dist: Dist) -> None:
@@ -199,24 +202,21 @@ def wrap(scorer: nn.Module, parallel: str, world: int, device: torch.device) -> 
     return scorer
 
 
-def grad_sync(trainer: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Accumulate this micro-batch's gradient locally (``sync=False``) or reduce it now."""
-    if sync:
-        return contextlib.nullcontext()
-    if hasattr(trainer, "no_sync"):  # DDP
-        return trainer.no_sync()
-    if hasattr(trainer, "set_requires_gradient_sync"):  # FSDP2
-        return _fsdp_no_sync(trainer)
-    return contextlib.nullcontext()
-
-
 @contextlib.contextmanager
-def _fsdp_no_sync(trainer: Any) -> Iterator[None]:
-    trainer.set_requires_gradient_sync(False)
-    try:
+def grad_sync(trainer: nn.Module, sync: bool) -> Iterator[None]:
+    """Accumulate the gradient of the forward and backward run inside locally (``sync=False``),
+    or reduce it as usual. DDP decides at the forward, FSDP2 during the backward: both run inside."""
+    if not sync and hasattr(trainer, "no_sync"):  # DDP
+        with trainer.no_sync():
+            yield
+    elif not sync and hasattr(trainer, "set_requires_gradient_sync"):  # FSDP2
+        trainer.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            trainer.set_requires_gradient_sync(True)
+    else:
         yield
-    finally:
-        trainer.set_requires_gradient_sync(True)
 
 
 def all_max(value: int, dist: Dist, device: torch.device) -> int:
@@ -236,27 +236,19 @@ def full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded) trainable weights and optimiser state, on the CPU of rank 0 (empty
     elsewhere). A collective under FSDP; the optimiser state is keyed by parameter name."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    opts = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
     names = trainable_names(model)
-    weights = {k: v for k, v in get_model_state_dict(model, options=opts).items() if k in names}
-    return weights, get_optimizer_state_dict(model, optimizer, options=opts)
+    weights = {k: v for k, v in dcp.get_model_state_dict(model, options=opts).items() if k in names}
+    return weights, dcp.get_optimizer_state_dict(model, optimizer, options=opts)
 
 
 def load_checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any],
                           optim_state: dict[str, Any]) -> None:
     """Shard full weights and optimiser state (as ``checkpoint_state`` wrote them) into this
     process's slices. Every process passes the full dicts (each reads the checkpoint file)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp
 
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-    set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+    dcp.set_model_state_dict(model, weights, options=dcp.StateDictOptions(full_state_dict=True, strict=False))
+    dcp.set_optimizer_state_dict(model, optimizer, optim_state, options=dcp.StateDictOptions(full_state_dict=True))

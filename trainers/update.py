@@ -86,20 +86,23 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 # gradients in lock-step); an empty micro-batch scores row 0 x 0.
                 rows, scale = (micro, 1.0) if micro else ([0], 0.0)
                 sync = k == n_micro - 1
-                with parallel.grad_sync(u.trainer, sync or not dist.on), parallel.autocast(device, cfg.model_opts.bf16):
-                    ids, attn, tgt, mask, n = take(data, rows, device)
-                    logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
-                    if fresh and micro:
-                        old_logp[micro, :n] = logp.detach().float().cpu()
-                    loss, metrics = loss_step(
-                        u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
-                        data.extras["advantages"][rows, :n].to(device), data.extras["weights"][rows, :n].to(device),
-                        mask, None if ref_logp is None else ref_logp[rows, :n].to(device))
-                    # the micro-batch's mean, scaled so that the accumulated sum is the mini-batch's mean
-                    loss = loss * scale * (aggregation_size(data.mask[micro], cfg.loss.agg) / norm if micro else 1.0)
-                if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
-                    return stats, True
-                loss.backward()
+                # FSDP2 reads the sync switch in the backward, so the backward runs inside it too
+                with parallel.grad_sync(u.trainer, sync or not dist.on):
+                    with parallel.autocast(device, cfg.model_opts.bf16):
+                        ids, attn, tgt, mask, n = take(data, rows, device)
+                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
+                        if fresh and micro:
+                            old_logp[micro, :n] = logp.detach().float().cpu()
+                        loss, metrics = loss_step(
+                            u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
+                            data.extras["advantages"][rows, :n].to(device),
+                            data.extras["weights"][rows, :n].to(device), mask,
+                            None if ref_logp is None else ref_logp[rows, :n].to(device))
+                        # the micro-batch's mean, scaled so that the accumulated sum is the mini-batch's mean
+                        loss = loss * scale * (aggregation_size(data.mask[micro], cfg.loss.agg) / norm if micro else 1.0)
+                    if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
+                        return stats, True
+                    loss.backward()
                 if micro:
                     for key, value in metrics.items():
                         stats.setdefault(key, []).append(float(value))
