@@ -84,12 +84,10 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
-    the caller has run ``preflight(cfg)`` already (``treegym train``, before its warm start)."""
+def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
-    if not checked:
-        preflight(cfg)
+    preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
@@ -98,12 +96,14 @@ def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> 
         run = setup(cfg, folder, dist, device, progress)
         bar = tqdm(total=cfg.steps, initial=run.state.step, desc=f"{cfg.algo} on {cfg.env}",
                    disable=not (progress and dist.main))
+        batch = None  # the last step's, for its trees' view
         while run.state.step < cfg.steps and not _budget_spent(cfg, run.state):
-            metrics = train_step(run, sample(run))
+            batch = sample(run)
+            metrics = train_step(run, batch)
             if run.log is not None and run.state.step % cfg.run.log_every == 0:
                 run.log.log(run.state.step, metrics.values)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.values.get('approx_kl', 0):.4f}",
+            bar.set_postfix(reward=f"{metrics.values['reward']:.3f}", kl=f"{metrics.values.get('approx_kl', 0):.4f}",
                             tokens=run.state.tokens_total)
             # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
@@ -116,7 +116,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> 
                     save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
                                     gathered=gathered)
         bar.close()
-        result = finish(run, t_start)
+        result = finish(run, t_start, batch)
         parallel.barrier(dist)  # no process tears the group down while a peer is still in a collective
         return result
     except BaseException:
@@ -168,7 +168,6 @@ class Run:
     sampling: SamplingParams
     state: TrainState
     log: MetricsLog | None
-    last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
@@ -206,9 +205,6 @@ class StepMetrics:
     """One step's logged quantities, by name."""
 
     values: dict[str, float]
-
-    def __getitem__(self, key: str) -> float:
-        return self.values[key]
 
 
 def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.device, progress: bool = False) -> Run:
@@ -320,7 +316,6 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
         state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
-    run.last_batch = batch
     return StepMetrics({
         "reward": totals["reward"] / n, "success": totals["success"] / n, "trajectories": int(totals["trajectories"]),
         **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps",
@@ -354,8 +349,8 @@ def _count_nonfinite(run: Run, nonfinite: bool) -> None:
             f"{run.folder / 'checkpoints'}")
 
 
-def finish(run: Run, t_start: float) -> TrainResult:
-    """Final weights, success after, plots, the trees of the last step, and the summary."""
+def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainResult:
+    """Final weights, success after, plots, the trees of the ``last`` step, and the summary."""
     cfg, dist, state, folder = run.cfg, run.dist, run.state, run.folder
     sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
     if dist.main:
@@ -371,8 +366,8 @@ def finish(run: Run, t_start: float) -> TrainResult:
         history = read_metrics(folder / "metrics.jsonl")
         if cfg.run.plots:
             plot_metrics(folder)
-        if cfg.run.trees_html and run.last_batch is not None:
-            _write_trees(run.last_batch, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
+        if cfg.run.trees_html and last is not None:
+            _write_trees(last, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
     before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
                          success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,

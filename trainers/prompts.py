@@ -3,7 +3,6 @@ sampling parameters (its held-out prompts are ``treegym eval``'s, ``agents.eval.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -51,7 +50,7 @@ def preflight(cfg: TrainConfig) -> None:
     if cfg.model_opts.parallel == "fsdp" and cfg.model_opts.lora:
         raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
                           "is small); use model_opts.parallel=ddp with model_opts.lora=true")
-    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
+    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), parallel.launched().world)
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:

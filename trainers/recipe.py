@@ -38,7 +38,7 @@ from treegym.trainers.heldout import evaluate_policy, phase_summary
 from treegym.trainers.loop import train
 from treegym.trainers.metrics import plot_phases
 from treegym.trainers.model import make_policy
-from treegym.trainers.parallel import pick_device
+from treegym.trainers.parallel import launched, pick_device
 from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
 from treegym.trainers.sft import SFT_META, run_sft
 
@@ -116,7 +116,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         log(f"warm start: cached at {folder}")
         untrained = HeldOut.from_dict(meta["untrained"]) if meta.get("untrained") else None
         return WarmStart(folder, True, 0.0, int(meta.get("examples", 0)), untrained)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched().on:
         raise ConfigError("the warm start is not cached yet: build it once in a single process "
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
@@ -139,13 +139,13 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
     summary table (returned on the main process, None on the others)."""
     preflight(cfg)  # before the warm start
-    main = int(os.environ.get("RANK", "0")) == 0
+    main = launched().main
     base_model = cfg.model
     ws = None
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress, checked=True)
+    result = train(cfg, progress=progress)
     if not main:
         return None
     if not cfg.run.keep_checkpoints:
