@@ -48,10 +48,6 @@ def trees(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: Sam
                         distinct_exclude=s.distinct_exclude, **_common(cfg, mode))
 
 
-def chain_leaves(cfg: TrainConfig) -> int:
-    return cfg.sampler.group_size
-
-
 def tree_leaves(cfg: TrainConfig) -> int:
     return cfg.sampler.trees * cfg.sampler.leaves
 
@@ -78,7 +74,7 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", chains, chain_leaves, advantages.grpo, lambda c: {"use_std": c.advantage.use_std},
+    "grpo": Algorithm("grpo", chains, lambda c: c.sampler.group_size, advantages.grpo, lambda c: {"use_std": c.advantage.use_std},
                       losses.ppo_clip_loss, ppo_options),
     "tree-grpo": Algorithm("tree-grpo", trees, tree_leaves, advantages.tree_grpo,
                            lambda c: {"mode": c.advantage.tree_mode, "prefix_credit": c.advantage.prefix_credit},

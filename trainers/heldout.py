@@ -17,6 +17,7 @@ import torch
 
 from treegym.agents.eval import chosen_prompts, progress_bar
 from treegym.agents.policy import Policy
+from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.stats import Interval, paired_difference
@@ -25,15 +26,18 @@ from treegym.trainers.config import TrainConfig
 from treegym.trainers.prompts import sampling_params
 
 
-def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, device: torch.device, *,
+def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.device, *,
                     temperature: float | None = None, dist: parallel.Dist = parallel.Dist(),
                     progress: bool = False) -> HeldOut | None:
     """``policy`` on the run's held-out prompts of ``env``, one chain each, with the trainer's turn
-    budget, turn length and context cap, at ``temperature`` (default ``run.eval_temperature``),
+    budget, turn length, context format and cap, at ``temperature`` (default ``run.eval_temperature``),
     without grad and under the run's autocast. Under torchrun each process plays its share and
-    every process gets the whole evaluation, in prompt order; None when there are no prompts.
-    ``progress`` shows a bar of agent turns (at most prompts x max_turns)."""
-    s = cfg.sampler
+    every process gets the whole evaluation, in prompt order; None when there are no prompts (or
+    no ``env``: the run evaluates nothing). ``progress`` shows a bar of agent turns (at most
+    prompts x max_turns)."""
+    if env is None:
+        return None
+    s, mode = cfg.sampler, resolve_mode(cfg.sampler.context_mode, policy.tokenizer)
     prompts = chosen_prompts(env, cfg.run.eval_n)[dist.rank :: dist.world]
     params = sampling_params(cfg, temperature=cfg.run.eval_temperature if temperature is None else temperature, top_p=1.0)
     local = None

@@ -31,6 +31,7 @@ from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
+from treegym.agents.tree_html import write_tree_html
 from treegym.envs import registry as env_registry
 from treegym.envs.core import success
 from treegym.errors import TreegymError
@@ -179,9 +180,7 @@ class Run:
 
     def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
         """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
-        if env is None:
-            return None
-        return evaluate_policy(self.engine.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
+        return evaluate_policy(self.engine.policy, env, self.cfg, self.device, temperature=temperature,
                                dist=self.dist, progress=self.progress and self.dist.main)
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
@@ -224,7 +223,6 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
     generators = policy_generators(engine.policy)
     env = make_env(cfg, cfg.run.train_split)
-    sampling = sampling_params(cfg)
     state = TrainState()
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
     if loaded is not None:
@@ -238,7 +236,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
               scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
               task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
-              sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded,
+              sampling=sampling_params(cfg), state=state, log=log, progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
@@ -286,7 +284,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     if rest or run.sharded:  # FSDP: every process takes part in each forward
         old_logp[rest] = upd.score(run.scorer, data, cfg, device, rows=rest, dist=dist)
     ref_logp = None
-    if run.reference is not None or (cfg.loss.use_kl and hasattr(run.model, "disable_adapter")):
+    if cfg.loss.use_kl:  # the frozen copy, or LoRA's base
         ref_model, scope = reference_scope(run.model, run.reference)
         with scope:
             ref_logp = upd.score(TokenScorer(ref_model), data, cfg, device)
@@ -388,8 +386,6 @@ def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
 
 
 def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) -> None:
-    from treegym.agents.tree_html import write_tree_html
-
     try:
         write_tree_html(path, batch.trees, tokenizer, title=title)
     except Exception as exc:  # a view is a convenience: never lose a finished run over it

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from treegym.agents.models import load_model
-from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
@@ -200,5 +199,5 @@ def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
         return None
     device = pick_device(cfg.model_opts.device)
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg,
-                           resolve_mode(cfg.sampler.context_mode, tokenizer), device, progress=progress)
+    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg, device,
+                           progress=progress)

@@ -119,7 +119,7 @@ def _prepare(cfg: TrainConfig, folder: Path) -> None:
             raise ConfigError(
                 f"run folder {folder} holds a run with another config ({'; '.join(changed)}); resume it with "
                 "the same config, set run.resume=false to start it over, or choose another run.name")
-    elif has_run_files(folder):
+    elif any((folder / name).exists() for name in (*RUN_FILES, *RUN_DIRS)):
         if not (folder / MANIFEST).is_file():
             raise ConfigError(f"{folder} holds files that treegym did not write there (it has no {MANIFEST}); "
                               "choose another run.name, or move them away")  # fmt: skip
@@ -148,10 +148,6 @@ def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:
         if old != new:
             out.append(f"{path}: {'(unset)' if old is _MISSING else repr(old)} -> {new!r}")
     return out
-
-
-def has_run_files(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (*RUN_FILES, *RUN_DIRS))
 
 
 def written_by_treegym(folder: Path) -> set[str]:

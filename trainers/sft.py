@@ -209,10 +209,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
 
     eval_env = make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
 
-    def score() -> HeldOut | None:
-        if eval_env is None:
-            return None
-        return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, mode, device, temperature=0.0)
+    def score() -> HeldOut | None:  # greedy, by a fresh policy over the current weights
+        return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, device, temperature=0.0)
 
     before = score()
     if before is not None:
