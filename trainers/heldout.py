@@ -11,6 +11,7 @@ interval (``phase_summary``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from treegym.agents.policy import Policy
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
-from treegym.stats import Interval, paired_difference
+from treegym.stats import paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
 from treegym.trainers.prompts import sampling_params
@@ -50,10 +51,6 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.de
     return HeldOut.merge(parallel.gather_objects(local, dist)) if dist.on else local
 
 
-def _iv(iv: Interval) -> list[float]:
-    return [iv.mean, iv.low, iv.high]
-
-
 def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any]:
     """Each phase's held-out success, well-formed share and tool calls with 95% intervals, and
     the paired gains on the same prompts between consecutive phases (and first to last), of
@@ -62,10 +59,10 @@ def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any
     out: dict[str, Any] = {"phases": {}, "gains": {}, "well_formed_gains": {}}
     for name, h in got:
         iv = h.intervals()
-        out["phases"][name] = {"n": h.n, **{k: _iv(iv[k]) for k in ("success", "well_formed", "tool_calls")}}
+        out["phases"][name] = {"n": h.n, **{k: list(astuple(iv[k])) for k in ("success", "well_formed", "tool_calls")}}
     pairs = list(zip(got, got[1:])) + ([(got[0], got[-1])] if len(got) > 2 else [])
     for (n0, h0), (n1, h1) in pairs:
         if h0.n == h1.n:
             for key, name in (("gains", "success"), ("well_formed_gains", "well_formed")):
-                out[key][f"{n0} -> {n1}"] = _iv(paired_difference(h1.values(name), h0.values(name)))
+                out[key][f"{n0} -> {n1}"] = list(astuple(paired_difference(h1.values(name), h0.values(name))))
     return out

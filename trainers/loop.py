@@ -174,10 +174,6 @@ class Run:
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
     also_env: Any = None  # the run.also_eval_split env, scored before and after
 
-    def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
-        with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
-            return self.algo.sample(self.engine.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
-
     def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
         """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
         return evaluate_policy(self.engine.policy, env, self.cfg, self.device, temperature=temperature,
@@ -259,7 +255,9 @@ def sample(run: Run) -> RolloutBatch:
     state.data_position += cfg.prompts_per_step * dist.world
     run.model.eval()
     t0 = time.time()
-    batch = run.rollout(run.env, prompts, cfg.seed * 100_003 + state.step * dist.world + dist.rank)
+    with torch.no_grad(), parallel.autocast(run.device, cfg.model_opts.bf16):
+        batch = run.algo.sample(run.engine.policy, run.env, prompts, cfg, run.sampling, run.mode,
+                                cfg.seed * 100_003 + state.step * dist.world + dist.rank)
     run.sample_seconds = time.time() - t0
     return batch
 
@@ -301,13 +299,15 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
 
     state.step += 1
     bud = batch.budget
+    counts = {  # summed over processes and logged as they are
+        "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens, "prefill_tokens": bud.prefill_tokens,
+        "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls, "env_steps": bud.env_steps,
+        "trainer_tokens": sum(len(r.token_ids) for r in rollouts), "tool_rounds": bud.tool_rounds,
+        "resampled": bud.resampled,
+    }
     totals = parallel.all_sum_named({
-        "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
-        "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens,
-        "prefill_tokens": bud.prefill_tokens, "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls,
-        "env_steps": bud.env_steps, "logprob_gap": upd.logprob_gap(data, old_logp),
-        "action_tokens": sum(data.mask.sum(-1).tolist()), "trainer_tokens": sum(len(r.token_ids) for r in rollouts),
-        "tool_rounds": bud.tool_rounds, "resampled": bud.resampled,
+        **counts, "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
+        "logprob_gap": upd.logprob_gap(data, old_logp), "action_tokens": sum(data.mask.sum(-1).tolist()),
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
     totals["seconds"] = time.time() - t0 + run.sample_seconds
@@ -315,9 +315,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
     return StepMetrics({
-        "reward": totals["reward"] / n, "success": totals["success"] / n, "trajectories": int(totals["trajectories"]),
-        **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps",
-                                       "trainer_tokens", "tool_rounds", "resampled")},
+        "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
