@@ -58,12 +58,6 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] 
             g.set_state(state["generators"][k])
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that training changes, copied to the CPU (an unsharded model)."""
-    names = trainable_names(model)
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
-
-
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainState, rngs: list[dict[str, Any]], keep: int = 2, *,
                     gathered: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
@@ -75,7 +69,11 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{state.step}.pt"
     tmp = folder / f".step_{state.step}.pt.tmp"
-    weights, optim_state = gathered or (trainable_state(model), optimizer.state_dict())
+    if gathered is None:  # an unsharded model: the weights that training changes, copied to the CPU
+        names = trainable_names(model)
+        gathered = ({k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names},
+                    optimizer.state_dict())
+    weights, optim_state = gathered
     with tmp.open("wb") as f:
         torch.save({"model": weights, "optimizer": optim_state, "rng": rngs, "state": state.__dict__}, f)
         f.flush()

@@ -363,7 +363,11 @@ def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainR
         if cfg.run.plots:
             plot_metrics(folder)
         if cfg.run.trees_html and last is not None:
-            _write_trees(last, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
+            try:
+                write_tree_html(folder / "trees.html", last.trees, run.tokenizer,
+                                title=f"{cfg.algo}: rollout trees of step {state.step}")
+            except Exception as exc:  # a view is a convenience: never lose a finished run over it
+                warnings.warn(f"could not write {folder / 'trees.html'}: {exc}", stacklevel=1)
     before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
                          success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,
@@ -381,10 +385,3 @@ def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainR
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
     return (bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget) or (
         bool(cfg.tool_budget) and state.extra.get("tool_calls_total", 0) >= cfg.tool_budget)
-
-
-def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) -> None:
-    try:
-        write_tree_html(path, batch.trees, tokenizer, title=title)
-    except Exception as exc:  # a view is a convenience: never lose a finished run over it
-        warnings.warn(f"could not write {path}: {exc}", stacklevel=1)

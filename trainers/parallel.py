@@ -114,26 +114,24 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 
 
 def _all_reduce(values: Sequence[float], dist: Dist, device: torch.device, op: Any = None) -> list[float]:
+    """Reduce a vector of floats over every process (default: sum); itself in one process."""
+    if not dist.on:
+        return [float(v) for v in values]
     # NCCL reduces on the GPU, gloo on the CPU
     t = torch.tensor(list(values), dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
     torch_dist.all_reduce(t, op=op if op is not None else torch_dist.ReduceOp.SUM)
     return t.tolist()
 
 
-def all_sum(values: Sequence[float], dist: Dist, device: torch.device) -> list[float]:
-    """Sum a vector of floats over every process."""
-    return _all_reduce(values, dist, device) if dist.on else list(map(float, values))
-
-
 def all_sum_named(values: dict[str, float], dist: Dist, device: torch.device) -> dict[str, float]:
     """Sum named floats over every process (the same names on every process)."""
     names = sorted(values)
-    return dict(zip(names, all_sum([float(values[k]) for k in names], dist, device)))
+    return dict(zip(names, _all_reduce([values[k] for k in names], dist, device)))
 
 
 def any_rank(flag: bool, dist: Dist, device: torch.device) -> bool:
     """True on every process if ``flag`` is true on any (so all take the same branch)."""
-    return all_sum([float(flag)], dist, device)[0] > 0
+    return _all_reduce([float(flag)], dist, device)[0] > 0
 
 
 def broadcast_object(obj: Any, dist: Dist) -> Any:
@@ -172,15 +170,6 @@ def is_sharded(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of a HF causal LM (each one FSDP unit)."""
-    base = base_model(model)
-    layers = getattr(base.get_decoder(), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ConfigError(f"model_opts.parallel=fsdp: {type(base).__name__} has no decoder .layers to shard")
-    return layers
-
-
 def wrap(scorer: nn.Module, parallel: str, world: int, device: torch.device) -> nn.Module:
     """The module the update runs forward/backward through: the scorer, DDP- or FSDP-wrapped.
 
@@ -196,7 +185,11 @@ def wrap(scorer: nn.Module, parallel: str, world: int, device: torch.device) -> 
         return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in decoder_layers(scorer.model):
+    base = base_model(scorer.model)
+    layers = getattr(base.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(f"model_opts.parallel=fsdp: {type(base).__name__} has no decoder .layers to shard")
+    for layer in layers:
         fully_shard(layer)
     fully_shard(scorer)
     return scorer
@@ -221,7 +214,7 @@ def grad_sync(trainer: nn.Module, sync: bool) -> Iterator[None]:
 
 def all_max(value: int, dist: Dist, device: torch.device) -> int:
     """The largest ``value`` over every process (so that all run as many collective forwards)."""
-    return int(_all_reduce([value], dist, device, torch_dist.ReduceOp.MAX)[0]) if dist.on else value
+    return int(_all_reduce([value], dist, device, torch_dist.ReduceOp.MAX)[0])
 
 
 def full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -93,18 +93,15 @@ def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     new_lock = not (folder / LOCK).exists()
+    lock = None
     try:
         lock = RunLock(folder)
-    except BaseException:
-        if created:
-            _remove_empty(folder)
-        raise
-    try:
         _prepare(cfg, folder)
     except BaseException:
-        lock.release()
-        if new_lock:  # a refused run leaves no trace in a folder that is not a run's
-            (folder / LOCK).unlink(missing_ok=True)
+        if lock is not None:
+            lock.release()
+            if new_lock:  # a refused run leaves no trace in a folder that is not a run's
+                (folder / LOCK).unlink(missing_ok=True)
         if created:
             _remove_empty(folder)
         raise
