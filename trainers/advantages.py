@@ -279,19 +279,16 @@ def treeopsd(
     single_child = float(only_child.sum()) / edges if edges else 0.0
     if fallback:
         credit = torch.where(only_child, (value - prompt_value).to(torch.float32), credit)
-    outcome = group_normalize(rewards, prompts, eps=eps) if blend < 1.0 else torch.zeros(len(rollouts))
-    if normalize_std:
-        _, std = group_stats(rewards, prompts)
-        scale: dict[int, float] = {r.prompt_index: float(s) for r, s in zip(rollouts, std)}
+    outcome = group_normalize(rewards, prompts, eps=eps)
+    _, std = group_stats(rewards, prompts)  # per rollout: its prompt group's
     weights = _turn_weights(rollouts, index)
     advs, summary = [], []
     for j, r in enumerate(rollouts):
         flat = _path(r, index)
         per_turn = credit[flat] if flat else torch.zeros(0)
         if normalize_std:
-            per_turn = per_turn / (scale[r.prompt_index] + eps)
-        if blend < 1.0:
-            per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
+            per_turn = per_turn / (float(std[j]) + eps)
+        per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
         advs.append(_per_token(r, per_turn, 0.0))
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
     return TokenAdvantages(advs, weights, torch.tensor(summary), {"single_child_frac": single_child})

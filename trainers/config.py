@@ -194,13 +194,9 @@ class TrainConfig:
 # ---- load, override, validate ----------------------------------------------------------------
 
 
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
-
-
 def choices(cls: type, name: str) -> tuple[Any, ...]:
     """The valid values of field ``name`` of config section ``cls``."""
-    return _fields(cls)[name].metadata["choices"]
+    return leaf_paths(cls)[name].metadata["choices"]
 
 
 def _field_type(cls: type, name: str) -> Any:
@@ -210,12 +206,12 @@ def _field_type(cls: type, name: str) -> Any:
 def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> dict[str, dataclasses.Field]:
     """Every settable field, by dotted path (``optim.lr``)."""
     out: dict[str, dataclasses.Field] = {}
-    for name, f in _fields(cls).items():
-        t = _field_type(cls, name)
+    for f in dataclasses.fields(cls):
+        t = _field_type(cls, f.name)
         if dataclasses.is_dataclass(t):
-            out.update(leaf_paths(t, f"{prefix}{name}."))
+            out.update(leaf_paths(t, f"{prefix}{f.name}."))
         else:
-            out[f"{prefix}{name}"] = f
+            out[f"{prefix}{f.name}"] = f
     return out
 
 
