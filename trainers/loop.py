@@ -226,8 +226,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
         engine.after_update(model)  # the engine samples the resumed weights
         if dist.main:
             print(f"resumed from {path} (step {state.step})")
-    log = MetricsLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
-                 config=to_dict(cfg), resume_step=state.step) if dist.main else None
+    log = MetricsLog(folder, state.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                     config=to_dict(cfg)) if dist.main else None
     run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
               scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
