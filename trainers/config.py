@@ -357,16 +357,6 @@ def _load(path: str | Path | None, overrides: Sequence[tuple[str, Any]], env_def
     return cfg
 
 
-def to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def from_dict(data: dict[str, Any]) -> TrainConfig:
-    cfg = TrainConfig()
-    apply_mapping(cfg, data)
-    return validate(cfg)
-
-
 def env_defaults_text() -> str:
     """Each env family's defaults as help lines: they apply under the YAML file and the command
     line, and a registered variant (``X-Train-v0``) gets its base env's."""

@@ -19,14 +19,13 @@ import json
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
@@ -45,7 +44,7 @@ from treegym.trainers.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from treegym.trainers.config import TrainConfig, to_dict
+from treegym.trainers.config import TrainConfig
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
 from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
@@ -111,7 +110,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
             if cfg.run.eval_every and run.state.step % cfg.run.eval_every == 0 and not finished:
                 run.log_eval(run.state.step, run.evaluate(run.eval_env))
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
-                rngs = parallel.gather_objects(rng_state(run.generators), dist)
+                rngs = parallel.gather_objects(rng_state(policy_generators(run.engine.policy)), dist)
                 gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
                 if dist.main:
                     save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
@@ -161,12 +160,9 @@ class Run:
     reference: torch.nn.Module | None
     updater: upd.Update
     engine: engines.Engine  # the sampling policy, and how it follows the trained weights
-    generators: Any
     env: Any
     eval_env: Any
     task_ids: list[Any] | None
-    mode: str
-    sampling: SamplingParams
     state: TrainState
     log: MetricsLog | None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
@@ -217,7 +213,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
-    generators = policy_generators(engine.policy)
+    generators = policy_generators(engine.policy)  # checkpoints restore their streams
     env = make_env(cfg, cfg.run.train_split)
     state = TrainState()
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
@@ -227,12 +223,11 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
         if dist.main:
             print(f"resumed from {path} (step {state.step})")
     log = MetricsLog(folder, state.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
-                     config=to_dict(cfg)) if dist.main else None
+                     config=asdict(cfg)) if dist.main else None
     run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
-              scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
-              eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
-              task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
-              sampling=sampling_params(cfg), state=state, log=log, progress=progress, engine=engine, sharded=sharded,
+              scorer=scorer, reference=reference, updater=updater, env=env, task_ids=env_registry.task_ids(env),
+              eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None, state=state, log=log,
+              progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
@@ -256,7 +251,8 @@ def sample(run: Run) -> RolloutBatch:
     run.model.eval()
     t0 = time.time()
     with torch.no_grad(), parallel.autocast(run.device, cfg.model_opts.bf16):
-        batch = run.algo.sample(run.engine.policy, run.env, prompts, cfg, run.sampling, run.mode,
+        batch = run.algo.sample(run.engine.policy, run.env, prompts, cfg, sampling_params(cfg),
+                                resolve_mode(cfg.sampler.context_mode, run.tokenizer),
                                 cfg.seed * 100_003 + state.step * dist.world + dist.rank)
     run.sample_seconds = time.time() - t0
     return batch

@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers import parallel
-from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
+from treegym.trainers.config import SFTConfig, TrainConfig, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
 from treegym.trainers.model import load_trainable_model, make_policy
@@ -225,7 +225,7 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
     saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
              "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
              "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-             "config": to_dict(cfg), **(meta or {})}
+             "config": asdict(cfg), **(meta or {})}
     save_model(model, tokenizer, folder, saved)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),
                      losses[0], losses[-1], before, after, time.perf_counter() - t0)
