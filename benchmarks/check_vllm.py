@@ -158,7 +158,7 @@ def training_step_check(model: str, failures: list[str]) -> None:
     t0 = time.perf_counter()
     batch = loop.sample(run)
     metrics = loop.train_step(run, batch)  # the update, then the weight push
-    print(f"training step with vLLM rollouts: {time.perf_counter() - t0:.1f} s, reward {metrics.values['reward']:.3f}, "
+    print(f"training step with vLLM rollouts: {time.perf_counter() - t0:.1f} s, reward {metrics['reward']:.3f}, "
           f"{run.policy.weight_pushes} weight push(es)")
     if run.policy.weight_pushes != 1 or run.policy.asleep:
         failures.append("the training step did not wake the engine and push the weights once")

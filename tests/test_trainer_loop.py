@@ -227,7 +227,7 @@ def test_fsdp_micro_batches_reduce_gradients_only_in_the_last_backward(monkeypat
     optimizer = torch.optim.AdamW(scorer.parameters(), lr=0.1)
     u = update.Update(scorer, optimizer, list(scorer.parameters()), losses.ppo_clip_loss,
                       algorithms.ppo_options(cfg), cfg, parallel.Dist(rank=0, world=2), torch.device("cpu"))
-    _, nonfinite = update.update(u, data, -per_token.clone(), None, [0, 1, 2, 3], n_mini=1, n_micro=2)
+    _, nonfinite = update.update(u, data, -per_token.clone(), None, [0, 1, 2, 3], n_mini=1)
     assert not nonfinite
     assert scorer.sync_at_backward == [False, True]
     assert scorer.requires_sync

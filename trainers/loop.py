@@ -2,7 +2,7 @@
 
 - ``setup(cfg, folder, dist, device) -> Run``: model, optimiser, envs, resume, log;
 - ``sample(run) -> RolloutBatch``: this process's prompts, rolled out by the algorithm's sampler;
-- ``train_step(run, batch) -> StepMetrics``: advantages -> old (and reference) log-probs with the
+- ``train_step(run, batch) -> metrics``: advantages -> old (and reference) log-probs with the
   pre-update model -> the update (``treegym.trainers.update``) -> metrics, reduced by name;
 - ``finish(run) -> TrainResult``: final weights, held-out eval, plots, trees, summary.
 
@@ -101,9 +101,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
             batch = sample(run)
             metrics = train_step(run, batch)
             if run.log is not None and run.state.step % cfg.run.log_every == 0:
-                run.log.log(run.state.step, metrics.values)
+                run.log.log(run.state.step, metrics)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics.values['reward']:.3f}", kl=f"{metrics.values.get('approx_kl', 0):.4f}",
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('approx_kl', 0):.4f}",
                             tokens=run.state.tokens_total)
             # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
@@ -191,13 +191,6 @@ class Run:
 CURRENCY_TOTALS = ("tool_calls_total", "trainer_tokens_total", "tool_rounds_total", "seconds_total")
 
 
-@dataclass
-class StepMetrics:
-    """One step's logged quantities, by name."""
-
-    values: dict[str, float]
-
-
 def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.device, progress: bool = False) -> Run:
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; success before."""
     algo = get_algorithm(cfg.algo)
@@ -258,8 +251,8 @@ def sample(run: Run) -> RolloutBatch:
     return batch
 
 
-def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
-    """Advantages, old and reference log-probs, the update, and the step's metrics."""
+def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Advantages, old and reference log-probs, the update, and the step's logged quantities, by name."""
     t0, cpu0 = time.time(), time.process_time()
     cfg, dist, device, state = run.cfg, run.dist, run.device, run.state
     run.engine.before_update()  # a colocated vLLM engine gives the GPU back for the update
@@ -286,9 +279,8 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     if checkpointing_on(run.model):
         run.model.train()  # transformers recomputes activations in train mode only
     expected = cfg.prompts_per_step * run.algo.leaves_per_prompt(cfg)
-    n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
-    n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
-    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini, n_micro)
+    n_mini = math.ceil(expected / cfg.optim.mini_batch_size)  # as many on every process
+    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini)
     run.model.eval()
     run.engine.after_update(run.model)  # new weights into the engine, stale prefix KV dropped
     _count_nonfinite(run, nonfinite)
@@ -310,7 +302,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
         state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
-    return StepMetrics({
+    return {
         "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
@@ -320,7 +312,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "skipped": int(nonfinite), "time_sample": run.sample_seconds,
         "time_step": totals["seconds"], "cpu_step": time.process_time() - cpu0,
         **{k: sum(v) / len(v) for k, v in stats.items()},
-    })
+    }
 
 
 def _count_nonfinite(run: Run, nonfinite: bool) -> None:
@@ -348,7 +340,6 @@ def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainR
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
     after = run.evaluate(run.eval_env)
-    success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
     also_after = run.evaluate(run.also_env)
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
@@ -366,7 +357,7 @@ def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainR
                 warnings.warn(f"could not write {folder / 'trees.html'}: {exc}", stacklevel=1)
     before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
-                         success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,
+                         success_after=None if after is None else after.success_rate, tokens_total=state.tokens_total, seconds=time.time() - t_start,
                          history=history, replica_digests=digests,
                          eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after,
                          also_before=HeldOut.from_dict(also_data) if also_data else None, also_after=also_after)

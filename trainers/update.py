@@ -59,9 +59,9 @@ class Update:
 
 
 def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | None, first_order: list[int],
-           n_mini: int, n_micro: int) -> tuple[dict[str, list[float]], bool]:
-    """``ppo_epochs`` x mini-batches x micro-batches over ``data``: per-name lists of the logged
-    quantities, and whether a non-finite input, loss or gradient stopped it.
+           n_mini: int) -> tuple[dict[str, list[float]], bool]:
+    """``ppo_epochs`` x ``n_mini`` mini-batches x micro-batches over ``data``: per-name lists of the
+    logged quantities, and whether a non-finite input, loss or gradient stopped it.
 
     Non-finite inputs skip the whole step before any update; a non-finite loss or gradient met
     later skips the rest of it (weights already stepped came from finite losses). The first
@@ -74,6 +74,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
     nonfinite = parallel.any_rank(bool(bad_inputs), dist, device)
     fresh = True  # no update yet in this step: the current forward is the old policy
     mb_size, micro_size = cfg.optim.mini_batch_size, cfg.optim.micro_batch_size
+    n_micro = math.ceil(mb_size / micro_size)
     for epoch in range(0 if nonfinite else cfg.optim.ppo_epochs):
         order = first_order if epoch == 0 else torch.randperm(len(data.input_ids)).tolist()
         for m in range(n_mini):
