@@ -5,13 +5,13 @@ in one process, else transformers). Three cases, one interface (``Engine``):
 
 - transformers over the trained model itself (one process, or DDP): it always samples the
   current weights; after an update only its prefix KV store is dropped;
-- transformers over a full copy of the weights (FSDP, whose trained model is sharded): the
+- transformers over a full copy of the weights (FSDP: a sharded model cannot sample, since
+  generation lengths differ between processes and the all-gathers would not line up): the
   copy is refreshed from the shards after every update;
 - vLLM, colocated in this process: it sleeps through the update, then the new weights are
   loaded into it and its prefix cache dropped.
 
-The same config samples and evaluates through any of them; the trainer always recomputes the
-old log-probs itself.
+The same config samples and evaluates through any of them.
 """
 
 from __future__ import annotations

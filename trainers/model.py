@@ -64,10 +64,9 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def reference_scope(model: torch.nn.Module, frozen: torch.nn.Module | None) -> tuple[torch.nn.Module, contextlib.AbstractContextManager]:
-    """The frozen reference for the KL term: LoRA's base (adapters off), or a frozen copy."""
-    if frozen is None and hasattr(model, "disable_adapter"):
+    """The frozen reference for the KL term: the frozen copy, or without one (LoRA) the base (adapters off)."""
+    if frozen is None:
         return model, model.disable_adapter()
-    assert frozen is not None
     return frozen, contextlib.nullcontext()
 
 

@@ -9,10 +9,8 @@ scorer runs as it is):
   all-reduced. The sampling policy reads the trained model itself.
 - ``fsdp``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer and on the scorer
   around them, so that weights, gradients and AdamW state are split across the processes
-  (for models whose weights plus optimiser do not fit one device). A sharded model cannot
-  sample (each process holds a slice, and generation lengths differ between processes, so
-  the all-gathers would not line up), so the policy samples from a full copy of the
-  weights that is refreshed after every update: the same push a vLLM engine gets.
+  (for models whose weights plus optimiser do not fit one device); the policy samples from a
+  full copy of the weights (``treegym.trainers.engines``).
 
 Everything here that gathers (``full_weights``, ``checkpoint_state``) is a collective under
 FSDP: every process calls it, in the same order.
