@@ -316,10 +316,8 @@ FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "ma
 def family_defaults(env_id: str) -> dict[str, Any]:
     """The config fields the env's family record sets (``treegym.envs.registry.Family``), applied
     under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
-    fam = FAMILIES.get(base_id(env_id))
-    if fam is None:
-        return {}
-    values = {path: getattr(fam, name) for path, name in FAMILY_FIELDS.items()}
+    fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
+    values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
     return {k: v for k, v in values.items() if v is not None}
 
 

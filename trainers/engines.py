@@ -76,10 +76,6 @@ class Engine:
                 self.replica.load_state_dict(dict(parallel.full_weights(model)))
         self.policy.clear_cache()  # its stored prefix KV came from the old weights
 
-    def sampled_model(self, model: nn.Module) -> nn.Module:
-        """The plain (unsharded) module whose weights this process samples with."""
-        return self.replica if self.replica is not None else model
-
 
 def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed: int,
           sharded_later: bool) -> Engine:

@@ -336,7 +336,7 @@ def _count_nonfinite(run: Run, nonfinite: bool) -> None:
 def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainResult:
     """Final weights, success after, plots, the trees of the ``last`` step, and the summary."""
     cfg, dist, state, folder = run.cfg, run.dist, run.state, run.folder
-    sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
+    sampled = run.engine.replica if run.engine.replica is not None else run.model  # whole weights, as sampled
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
     after = run.evaluate(run.eval_env)

@@ -2,10 +2,8 @@
 
 All tensors are ``[batch, time]``. ``mask`` is 1 on action tokens (the only tokens any loss
 sees) and 0 on prompt, observation and padding tokens; ``weights`` (optional) scales each
-token's contribution, e.g. to count a tree turn shared by several trajectories once.
-
-Each loss returns a ``LossOutput`` whose named intermediates (``pg_loss1``, ``pg_loss2``,
-``approx_kl``, ``clipfrac``) are the quantities the loop logs.
+token's contribution, e.g. to count a tree turn shared by several trajectories once. Each
+loss returns a ``LossOutput``: the scalar and the named quantities the loop logs.
 """
 
 from __future__ import annotations

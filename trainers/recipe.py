@@ -4,8 +4,7 @@ The embedded SmolLM2-135M never writes a well-formed ``<search>``/``<answer>`` t
 own, so RL from it sees reward 0 and learns nothing. The recipe first imitates the env's
 scripted expert (``treegym.trainers.sft``) in the RL context format, then runs the configured
 algorithm from that model. The warm start is cached under ``TREEGYM_HOME/warm-start``, keyed
-by everything it depends on (model, env and its kwargs, expert, turn budget and length,
-context mode, episodes, seed), so a second run pays for it once.
+by everything it depends on (``warm_start_key``), so a second run pays for it once.
 
 Three held-out evaluations, on the same prompts and with the same protocol, tell what each
 phase contributed: the untrained model (measured once, stored with the warm start), the warm

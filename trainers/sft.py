@@ -1,9 +1,8 @@
-"""Supervised warm start (SFT) on expert episodes, before RL.
+"""Supervised warm start (SFT) on expert episodes, before RL (why: ``treegym.trainers.recipe``).
 
-A small instruct model rarely writes a well-formed ``<search>``/``<answer>`` turn on its own, so
-every RL reward is 0. ``run_sft`` imitates an expert first, in the RL context format, only the
-action tokens labelled, and saves a HF model folder; its steps are ``treegym sft --help``'s
-(``treegym.trainers.cli_sft``), its held-out scores every phase's (``treegym.trainers.heldout``).
+``run_sft`` imitates an expert in the RL context format, only the action tokens labelled, and
+saves a HF model folder; its steps are ``treegym sft --help``'s (``treegym.trainers.cli_sft``),
+its held-out scores every phase's (``treegym.trainers.heldout``).
 """
 
 from __future__ import annotations
