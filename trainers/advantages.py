@@ -5,8 +5,8 @@ Two layers:
 - the math, as small pure functions over flat tensors (``group_normalize``,
   ``tree_grpo_advantages``, ``backed_up_values``, ``turn_credit``), each unit-tested on
   hand-computed inputs;
-- ``ADVANTAGES``: name -> adapter from a ``RolloutBatch`` to one advantage per action token of
-  each rollout, which is what the loss consumes. An adapter also returns per-token weights
+- the adapters (``grpo``, ``tree_grpo``, ``treeopsd``; by name: ``algorithms.ALGORITHMS``), from a
+  ``RolloutBatch`` to one advantage per action token of each rollout, which is what the loss consumes. An adapter also returns per-token weights
   (1.0 unless the estimator says otherwise), so that a loss can count each tree turn once.
 
 Every estimator gives zero advantage, never NaN, to a group whose rewards are all equal.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -292,20 +291,3 @@ def treeopsd(
         advs.append(_per_token(r, per_turn, 0.0))
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
     return TokenAdvantages(advs, weights, torch.tensor(summary), {"single_child_frac": single_child})
-
-
-# By name, for users and benchmarks that pick an estimator from a string (the algorithm records
-# in ``algorithms.py`` hold the functions themselves).
-ADVANTAGES: dict[str, AdvantageFn] = {
-    "grpo": grpo,
-    "dr-grpo": partial(grpo, use_std=False),  # Dr. GRPO: GRPO without the std division
-    "tree-grpo": tree_grpo,
-    "treeopsd": treeopsd,
-}
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under ``name``; a ConfigError lists the valid names."""
-    if name not in ADVANTAGES:
-        raise ConfigError(f"advantage {name!r} is not one of: {', '.join(sorted(ADVANTAGES))}")
-    return ADVANTAGES[name]
