@@ -6,9 +6,8 @@ scripted expert (``treegym.trainers.sft``) in the RL context format, then runs t
 algorithm from that model. The warm start is cached under ``TREEGYM_HOME/warm-start``, keyed
 by everything it depends on (``warm_start_key``), so a second run pays for it once.
 
-Three held-out evaluations, on the same prompts and with the same protocol, tell what each
-phase contributed: the untrained model (measured once, stored with the warm start), the warm
-start (the RL run's "before") and the end of RL (its "after").
+Three held-out evaluations on the same prompts tell what each phase contributed: the untrained
+model (stored with the warm start), the warm start (the RL run's "before") and the end of RL.
 """
 
 from __future__ import annotations
@@ -119,7 +118,13 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
-    untrained = evaluate_model(cfg, progress=progress)
+    untrained = None
+    if cfg.run.eval_n:  # the model as it is, on the run's held-out prompts
+        device = pick_device(cfg.model_opts.device)
+        model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+        untrained = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
+                                    cfg, device, progress=progress)
+        del model
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
@@ -191,12 +196,3 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
     note = "(95% intervals: Wilson for the score, paired bootstrap over the same held-out prompts for gains)"
     return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
 
-
-def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
-    """``cfg.model`` as it is (untrained) on the run's held-out prompts, with the trainer's protocol."""
-    if not cfg.run.eval_n:
-        return None
-    device = pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg, device,
-                           progress=progress)
