@@ -182,13 +182,12 @@ def train_rows(name: str, model: Any, leaves: tuple[list[list[int]], list[list[i
     optimizer = torch.optim.AdamW(params, lr=1e-6)
     u = upd.Update(TokenScorer(model), optimizer, params, losses.ppo_clip_loss,
                    {"agg": "token-mean", "constant": 1024.0, "clip": 0.2, "dual_clip": 3.0}, cfg, parallel.Dist(), device)
-    n_micro = math.ceil(n / micro)
 
     def one_update() -> float:
         old = torch.zeros_like(data.mask)
         _sync(device)
         t0 = time.perf_counter()
-        upd.update(u, data, old, None, list(range(n)), 1, n_micro)
+        upd.update(u, data, old, None, list(range(n)), 1)
         _sync(device)
         return time.perf_counter() - t0
 
@@ -347,13 +346,12 @@ def step_rows(name: str, device: torch.device, smoke: bool, size: StepSize) -> l
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             before = parallel.weights_digest(run.model)
-            metrics = loop.train_step(run, loop.sample(run))
+            m = loop.train_step(run, loop.sample(run))
             _sync(dev)
             moved = parallel.weights_digest(run.model) != before
             peak = f"{torch.cuda.max_memory_allocated(dev) / 2**30:.1f}" if dev.type == "cuda" else "n/a"
         finally:
             parallel.teardown_distributed()
-    m = metrics.values
     finite = m["skipped"] == 0 and math.isfinite(m["pg_loss"]) and math.isfinite(m["grad_norm"])
     return [("step", name, "load (setup) s; sample s; whole step s", f"{setup_s:.1f}; {m['time_sample']:.1f}; {m['time_step']:.1f}", "", ""),
             ("step", name, "rollouts, action tokens per rollout", f"{m['trajectories']}, {m['action_tokens_per_traj']:.0f}",

@@ -34,7 +34,7 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
     from treegym.agents.rollout.samplers import sample_chains, sample_trees
     from treegym.envs.probe_model import build_probe_model
     from treegym.study.grid import TASKS
-    from treegym.trainers.advantages import get_advantage
+    from treegym.trainers.algorithms import get_algorithm
     from treegym.trainers.losses import teacher_ratio
 
     task = TASKS[task_name]
@@ -56,7 +56,7 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
         t0 = time.perf_counter()
         with torch.no_grad():
             batch = sample(ps)
-        adv = get_advantage(algo)(batch.rollouts)
+        adv = get_algorithm(algo).advantage(batch.rollouts)
         tokens = batch.budget.generated_tokens
         trees = {(t.prompt_index, t.tree_index): t for t in batch.trees}
         moves = {(r.prompt_index, tuple(_first_word(trees[(r.prompt_index, r.tree_index)].nodes[i].turn.action_text)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from treegym.errors import ConfigError
 from treegym.trainers import advantages, losses
 from treegym.trainers.algorithms import ALGORITHMS, chains, get_algorithm, trees
 from treegym.trainers.config import (
     TrainConfig,
-    from_dict,
     help_text,
     leaf_paths,
     load_config,
     parse_overrides,
-    to_dict,
 )
 
 
@@ -43,9 +43,10 @@ def test_yaml_then_cli_overrides(tmp_path: Path) -> None:
     assert cfg.env_kwargs == {"max_turns": 3}
 
 
-def test_config_round_trips_through_a_dict() -> None:
+def test_config_round_trips_through_the_yaml_a_run_folder_keeps(tmp_path: Path) -> None:
     cfg = load_config(overrides=[("loss.beta", "0.5"), ("algo", "treeopsd")])
-    assert from_dict(to_dict(cfg)) == cfg
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    assert load_config(tmp_path / "config.yaml") == cfg
 
 
 @pytest.mark.parametrize(

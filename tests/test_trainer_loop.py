@@ -192,6 +192,47 @@ def _rewards_of(folder: Path) -> list[float]:
     return rewards(lines)
 
 
+class SwitchRecordingScorer(torch.nn.Module):
+    """A scorer with FSDP2's gradient-sync switch, noting the switch as each backward reaches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+        self.requires_sync = True
+        self.sync_at_backward: list[bool] = []
+
+    def set_requires_gradient_sync(self, flag: bool) -> None:
+        self.requires_sync = flag
+
+    def forward(self, ids: Any, attn: Any, targets: Any, mask: Any, with_entropy: bool = True) -> Any:
+        logp = self.weight * mask.float() - 1.0
+        logp.register_hook(lambda grad: self.sync_at_backward.append(self.requires_sync))
+        return logp, torch.zeros_like(logp)
+
+
+def test_fsdp_micro_batches_reduce_gradients_only_in_the_last_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # FSDP2 reads its sync switch during the backward: a switch turned back on before the backward
+    # runs would reduce-scatter the gradient of every micro-batch.
+    from treegym.trainers import losses, parallel, update
+    from treegym.trainers.logprobs import PaddedBatch
+
+    monkeypatch.setattr(parallel, "any_rank", lambda flag, dist, device: bool(flag))  # no process group
+    cfg = TrainConfig()
+    cfg.optim.mini_batch_size, cfg.optim.micro_batch_size = 4, 2
+    ids = torch.ones((4, 5), dtype=torch.long)
+    per_token = torch.ones((4, 4))
+    data = PaddedBatch(ids, torch.ones_like(ids), ids[:, 1:], per_token, -per_token,
+                       {"advantages": per_token, "weights": per_token})
+    scorer = SwitchRecordingScorer()
+    optimizer = torch.optim.AdamW(scorer.parameters(), lr=0.1)
+    u = update.Update(scorer, optimizer, list(scorer.parameters()), losses.ppo_clip_loss,
+                      algorithms.ppo_options(cfg), cfg, parallel.Dist(rank=0, world=2), torch.device("cpu"))
+    _, nonfinite = update.update(u, data, -per_token.clone(), None, [0, 1, 2, 3], n_mini=1)
+    assert not nonfinite
+    assert scorer.sync_at_backward == [False, True]
+    assert scorer.requires_sync
+
+
 def test_cli_reports_a_bad_override_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     from treegym.cli import main
 

@@ -5,8 +5,8 @@ Two layers:
 - the math, as small pure functions over flat tensors (``group_normalize``,
   ``tree_grpo_advantages``, ``backed_up_values``, ``turn_credit``), each unit-tested on
   hand-computed inputs;
-- ``ADVANTAGES``: name -> adapter from a ``RolloutBatch`` to one advantage per action token of
-  each rollout, which is what the loss consumes. An adapter also returns per-token weights
+- the adapters (``grpo``, ``tree_grpo``, ``treeopsd``; by name: ``algorithms.ALGORITHMS``), from a
+  ``RolloutBatch`` to one advantage per action token of each rollout, which is what the loss consumes. An adapter also returns per-token weights
   (1.0 unless the estimator says otherwise), so that a loss can count each tree turn once.
 
 Every estimator gives zero advantage, never NaN, to a group whose rewards are all equal.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -279,36 +278,16 @@ def treeopsd(
     single_child = float(only_child.sum()) / edges if edges else 0.0
     if fallback:
         credit = torch.where(only_child, (value - prompt_value).to(torch.float32), credit)
-    outcome = group_normalize(rewards, prompts, eps=eps) if blend < 1.0 else torch.zeros(len(rollouts))
-    if normalize_std:
-        _, std = group_stats(rewards, prompts)
-        scale: dict[int, float] = {r.prompt_index: float(s) for r, s in zip(rollouts, std)}
+    outcome = group_normalize(rewards, prompts, eps=eps)
+    _, std = group_stats(rewards, prompts)  # per rollout: its prompt group's
     weights = _turn_weights(rollouts, index)
     advs, summary = [], []
     for j, r in enumerate(rollouts):
         flat = _path(r, index)
         per_turn = credit[flat] if flat else torch.zeros(0)
         if normalize_std:
-            per_turn = per_turn / (scale[r.prompt_index] + eps)
-        if blend < 1.0:
-            per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
+            per_turn = per_turn / (float(std[j]) + eps)
+        per_turn = blend * per_turn + (1.0 - blend) * outcome[j]
         advs.append(_per_token(r, per_turn, 0.0))
         summary.append(float(per_turn.mean()) if len(per_turn) else 0.0)
     return TokenAdvantages(advs, weights, torch.tensor(summary), {"single_child_frac": single_child})
-
-
-# By name, for users and benchmarks that pick an estimator from a string (the algorithm records
-# in ``algorithms.py`` hold the functions themselves).
-ADVANTAGES: dict[str, AdvantageFn] = {
-    "grpo": grpo,
-    "dr-grpo": partial(grpo, use_std=False),  # Dr. GRPO: GRPO without the std division
-    "tree-grpo": tree_grpo,
-    "treeopsd": treeopsd,
-}
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    """The estimator registered under ``name``; a ConfigError lists the valid names."""
-    if name not in ADVANTAGES:
-        raise ConfigError(f"advantage {name!r} is not one of: {', '.join(sorted(ADVANTAGES))}")
-    return ADVANTAGES[name]

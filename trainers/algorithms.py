@@ -48,10 +48,6 @@ def trees(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: Sam
                         distinct_exclude=s.distinct_exclude, **_common(cfg, mode))
 
 
-def chain_leaves(cfg: TrainConfig) -> int:
-    return cfg.sampler.group_size
-
-
 def tree_leaves(cfg: TrainConfig) -> int:
     return cfg.sampler.trees * cfg.sampler.leaves
 
@@ -68,7 +64,6 @@ def opsd_loss_options(cfg: TrainConfig) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Algorithm:
-    name: str
     sample: Sampler
     leaves_per_prompt: Callable[[TrainConfig], int]  # trajectories each prompt adds to a batch
     advantage: advantages.AdvantageFn
@@ -78,12 +73,12 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", chains, chain_leaves, advantages.grpo, lambda c: {"use_std": c.advantage.use_std},
+    "grpo": Algorithm(chains, lambda c: c.sampler.group_size, advantages.grpo, lambda c: {"use_std": c.advantage.use_std},
                       losses.ppo_clip_loss, ppo_options),
-    "tree-grpo": Algorithm("tree-grpo", trees, tree_leaves, advantages.tree_grpo,
+    "tree-grpo": Algorithm(trees, tree_leaves, advantages.tree_grpo,
                            lambda c: {"mode": c.advantage.tree_mode, "prefix_credit": c.advantage.prefix_credit},
                            losses.ppo_clip_loss, ppo_options),
-    "treeopsd": Algorithm("treeopsd", trees, tree_leaves, advantages.treeopsd,
+    "treeopsd": Algorithm(trees, tree_leaves, advantages.treeopsd,
                           lambda c: {"normalize_std": c.advantage.normalize_std, "root": c.advantage.opsd_root,
                                      "fallback": c.advantage.opsd_fallback, "blend": c.advantage.opsd_lambda},
                           losses.treeopsd_loss, opsd_loss_options),

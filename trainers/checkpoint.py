@@ -38,12 +38,12 @@ class TrainState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
     """Every RNG stream of this process: global ones, plus named private generators."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    state["generators"] = {k: g.get_state() for k, g in (generators or {}).items()}
+    state["generators"] = {k: g.get_state() for k, g in generators.items()}
     return state
 
 
@@ -58,16 +58,10 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] 
             g.set_state(state["generators"][k])
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that training changes, copied to the CPU (an unsharded model)."""
-    names = trainable_names(model)
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
-
-
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, rngs: list[dict[str, Any]] | None = None, keep: int = 2, *,
+                    state: TrainState, rngs: list[dict[str, Any]], keep: int = 2, *,
                     gathered: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Path:
-    """Write ``step_N.pt``; ``rngs`` holds every process's RNG state (default: this one's).
+    """Write ``step_N.pt``; ``rngs`` holds every process's RNG state (``rng_state``), by rank.
 
     ``gathered``: the full weights and optimiser state of a sharded (FSDP) model, as
     ``treegym.trainers.parallel.checkpoint_state`` gathered them on this process.
@@ -75,16 +69,13 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{state.step}.pt"
     tmp = folder / f".step_{state.step}.pt.tmp"
+    if gathered is None:  # an unsharded model: the weights that training changes, copied to the CPU
+        names = trainable_names(model)
+        gathered = ({k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names},
+                    optimizer.state_dict())
+    weights, optim_state = gathered
     with tmp.open("wb") as f:
-        torch.save(
-            {
-                "model": gathered[0] if gathered else trainable_state(model),
-                "optimizer": gathered[1] if gathered else optimizer.state_dict(),
-                "rng": rngs if rngs is not None else [rng_state()],
-                "state": state.__dict__,
-            },
-            f,
-        )
+        torch.save({"model": weights, "optimizer": optim_state, "rng": rngs, "state": state.__dict__}, f)
         f.flush()
         os.fsync(f.fileno())  # a crash after the rename must not leave an empty file under the name
     os.replace(tmp, path)

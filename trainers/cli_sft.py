@@ -9,24 +9,16 @@ from typing import Any
 from treegym.trainers.config import SFTConfig, add_config_command, config_from_args, env_defaults_text
 
 DESCRIPTION = """\
-Supervised warm start before RL. An untrained small model rarely writes a well-formed
-<search>...</search> or <answer>...</answer> turn, so every RL reward (and advantage) is 0.
-This command imitates an expert first:
+Supervised warm start before RL. An untrained small model rarely writes a well-formed action,
+so every RL reward (and advantage) is 0. This command imitates an expert first:
 
-  1. runs a scripted expert (--expert; auto: the env family's) on the training split of --env,
-     through the same env, turn budget and turn length as `treegym train` (the env family's
-     defaults), or reads --traces, a traces.jsonl from `treegym eval --out DIR`, and keeps the
-     episodes that succeeded;
-  2. lays each episode out in the RL context format (chat template or raw text); only the
-     expert's action tokens are trained, the prompt and observations are context;
-  3. trains the model with AdamW on that masked next-token loss;
-  4. saves a Hugging Face model folder (safetensors, tokenizer, sft.json) to --out;
-  5. prints EM (success) and the rate of well-formed actions on --eval-n held-out prompts
+  1. runs a scripted expert (--expert; auto: the env family's heuristic, which reads only what
+     the model sees) on the training split of --env, with the turn budget and length `treegym
+     train` uses, or reads --traces (`treegym eval --out DIR`), and keeps the solved episodes;
+  2. trains the model with AdamW on the expert's action tokens only, in the RL context format;
+  3. saves a Hugging Face model folder (safetensors, tokenizer, sft.json) to --out;
+  4. prints success and the share of well-formed actions on --eval-n held-out prompts
      (greedy), before and after.
-
-The heuristic, every family's expert, reads only the chat (question and retrieved passages; the
-household's room, task and feedback), so everything it does can be learnt from the text the
-model sees. The QA oracle searches the gold supporting titles, which a model cannot see.
 
 The options are fields of `treegym train`'s config (the sft section, and the run's own env,
 model, sampler, run and model_opts fields): every other field can be set as --section.field=value,

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from treegym.agents.rollout.branching import get_rule
+from treegym.envs.registry import FAMILIES, VARIANTS, base_id
 from treegym.errors import ConfigError
 
 # Each choice's names, written once: the config offers them and the implementations check
@@ -192,13 +194,9 @@ class TrainConfig:
 # ---- load, override, validate ----------------------------------------------------------------
 
 
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
-
-
 def choices(cls: type, name: str) -> tuple[Any, ...]:
     """The valid values of field ``name`` of config section ``cls``."""
-    return _fields(cls)[name].metadata["choices"]
+    return leaf_paths(cls)[name].metadata["choices"]
 
 
 def _field_type(cls: type, name: str) -> Any:
@@ -208,12 +206,12 @@ def _field_type(cls: type, name: str) -> Any:
 def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> dict[str, dataclasses.Field]:
     """Every settable field, by dotted path (``optim.lr``)."""
     out: dict[str, dataclasses.Field] = {}
-    for name, f in _fields(cls).items():
-        t = _field_type(cls, name)
+    for f in dataclasses.fields(cls):
+        t = _field_type(cls, f.name)
         if dataclasses.is_dataclass(t):
-            out.update(leaf_paths(t, f"{prefix}{name}."))
+            out.update(leaf_paths(t, f"{prefix}{f.name}."))
         else:
-            out[f"{prefix}{name}"] = f
+            out[f"{prefix}{f.name}"] = f
     return out
 
 
@@ -224,35 +222,23 @@ def get_path(cfg: Any, path: str) -> Any:
     return cfg
 
 
+BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
 def _coerce(path: str, value: Any, t: type) -> Any:
     try:
-        if t is bool:
-            if isinstance(value, bool):
-                return value
-            s = str(value).strip().lower()
-            if s in ("1", "true", "yes", "on"):
-                return True
-            if s in ("0", "false", "no", "off"):
-                return False
+        if t is bool and not isinstance(value, bool):
+            value = BOOL_WORDS[str(value).strip().lower()]
+        if t is int and isinstance(value, float) and not value.is_integer():
             raise ValueError
-        if t is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if t is float:
-            return float(value)
-        if t is str:
-            return str(value)
-        if t is dict:
-            if isinstance(value, str):
-                value = yaml.safe_load(value) or {}
-            if not isinstance(value, dict):
-                raise ValueError
-            return dict(value)
-    except (TypeError, ValueError, yaml.YAMLError):
+        if t is dict and isinstance(value, str):
+            value = yaml.safe_load(value) or {}
+        if t is dict and not isinstance(value, dict):
+            raise ValueError
+        return t(value) if t in (bool, int, float, str, dict) else value
+    except (KeyError, TypeError, ValueError, yaml.YAMLError):
         name = getattr(t, "__name__", str(t))
         raise ConfigError(f"config field {path}: {value!r} is not a valid {name}") from None
-    return value
 
 
 def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
@@ -316,8 +302,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"config field {path}: must be in {'(' if meta['positive'] else '['}0, 1], got {obj}")
         if obj < 0 or (meta["positive"] and obj == 0):
             raise ConfigError(f"config field {path}: must be {'>' if meta['positive'] else '>='} 0, got {obj}")
-    from treegym.agents.rollout.branching import get_rule
-
     get_rule(cfg.sampler.expansion)  # a ConfigError names the registered rules
     return cfg
 
@@ -332,12 +316,8 @@ FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "ma
 def family_defaults(env_id: str) -> dict[str, Any]:
     """The config fields the env's family record sets (``treegym.envs.registry.Family``), applied
     under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
-    from treegym.envs.registry import FAMILIES, base_id
-
-    fam = FAMILIES.get(base_id(env_id))
-    if fam is None:
-        return {}
-    values = {path: getattr(fam, name) for path, name in FAMILY_FIELDS.items()}
+    fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
+    values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -375,21 +355,9 @@ def _load(path: str | Path | None, overrides: Sequence[tuple[str, Any]], env_def
     return cfg
 
 
-def to_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def from_dict(data: dict[str, Any]) -> TrainConfig:
-    cfg = TrainConfig()
-    apply_mapping(cfg, data)
-    return validate(cfg)
-
-
 def env_defaults_text() -> str:
     """Each env family's defaults as help lines: they apply under the YAML file and the command
     line, and a registered variant (``X-Train-v0``) gets its base env's."""
-    from treegym.envs.registry import FAMILIES, VARIANTS
-
     lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
     for env_id in FAMILIES:
         lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items()))

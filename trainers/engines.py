@@ -5,13 +5,13 @@ in one process, else transformers). Three cases, one interface (``Engine``):
 
 - transformers over the trained model itself (one process, or DDP): it always samples the
   current weights; after an update only its prefix KV store is dropped;
-- transformers over a full copy of the weights (FSDP, whose trained model is sharded): the
+- transformers over a full copy of the weights (FSDP: a sharded model cannot sample, since
+  generation lengths differ between processes and the all-gathers would not line up): the
   copy is refreshed from the shards after every update;
 - vLLM, colocated in this process: it sleeps through the update, then the new weights are
   loaded into it and its prefix cache dropped.
 
-The same config samples and evaluates through any of them; the trainer always recomputes the
-old log-probs itself.
+The same config samples and evaluates through any of them.
 """
 
 from __future__ import annotations
@@ -75,10 +75,6 @@ class Engine:
             with torch.no_grad():
                 self.replica.load_state_dict(dict(parallel.full_weights(model)))
         self.policy.clear_cache()  # its stored prefix KV came from the old weights
-
-    def sampled_model(self, model: nn.Module) -> nn.Module:
-        """The plain (unsharded) module whose weights this process samples with."""
-        return self.replica if self.replica is not None else model
 
 
 def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed: int,

@@ -11,29 +11,34 @@ interval (``phase_summary``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple
 from typing import Any
 
 import torch
 
 from treegym.agents.eval import chosen_prompts, progress_bar
 from treegym.agents.policy import Policy
+from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
-from treegym.stats import Interval, paired_difference
+from treegym.stats import paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
 from treegym.trainers.prompts import sampling_params
 
 
-def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, device: torch.device, *,
+def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.device, *,
                     temperature: float | None = None, dist: parallel.Dist = parallel.Dist(),
                     progress: bool = False) -> HeldOut | None:
     """``policy`` on the run's held-out prompts of ``env``, one chain each, with the trainer's turn
-    budget, turn length and context cap, at ``temperature`` (default ``run.eval_temperature``),
+    budget, turn length, context format and cap, at ``temperature`` (default ``run.eval_temperature``),
     without grad and under the run's autocast. Under torchrun each process plays its share and
-    every process gets the whole evaluation, in prompt order; None when there are no prompts.
-    ``progress`` shows a bar of agent turns (at most prompts x max_turns)."""
-    s = cfg.sampler
+    every process gets the whole evaluation, in prompt order; None when there are no prompts (or
+    no ``env``: the run evaluates nothing). ``progress`` shows a bar of agent turns (at most
+    prompts x max_turns)."""
+    if env is None:
+        return None
+    s, mode = cfg.sampler, resolve_mode(cfg.sampler.context_mode, policy.tokenizer)
     prompts = chosen_prompts(env, cfg.run.eval_n)[dist.rank :: dist.world]
     params = sampling_params(cfg, temperature=cfg.run.eval_temperature if temperature is None else temperature, top_p=1.0)
     local = None
@@ -46,10 +51,6 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, mode: str, devic
     return HeldOut.merge(parallel.gather_objects(local, dist)) if dist.on else local
 
 
-def _iv(iv: Interval) -> list[float]:
-    return [iv.mean, iv.low, iv.high]
-
-
 def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any]:
     """Each phase's held-out success, well-formed share and tool calls with 95% intervals, and
     the paired gains on the same prompts between consecutive phases (and first to last), of
@@ -58,10 +59,10 @@ def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any
     out: dict[str, Any] = {"phases": {}, "gains": {}, "well_formed_gains": {}}
     for name, h in got:
         iv = h.intervals()
-        out["phases"][name] = {"n": h.n, **{k: _iv(iv[k]) for k in ("success", "well_formed", "tool_calls")}}
+        out["phases"][name] = {"n": h.n, **{k: list(astuple(iv[k])) for k in ("success", "well_formed", "tool_calls")}}
     pairs = list(zip(got, got[1:])) + ([(got[0], got[-1])] if len(got) > 2 else [])
     for (n0, h0), (n1, h1) in pairs:
         if h0.n == h1.n:
             for key, name in (("gains", "success"), ("well_formed_gains", "well_formed")):
-                out[key][f"{n0} -> {n1}"] = _iv(paired_difference(h1.values(name), h0.values(name)))
+                out[key][f"{n0} -> {n1}"] = list(astuple(paired_difference(h1.values(name), h0.values(name))))
     return out

@@ -2,7 +2,7 @@
 
 - ``setup(cfg, folder, dist, device) -> Run``: model, optimiser, envs, resume, log;
 - ``sample(run) -> RolloutBatch``: this process's prompts, rolled out by the algorithm's sampler;
-- ``train_step(run, batch) -> StepMetrics``: advantages -> old (and reference) log-probs with the
+- ``train_step(run, batch) -> metrics``: advantages -> old (and reference) log-probs with the
   pre-update model -> the update (``treegym.trainers.update``) -> metrics, reduced by name;
 - ``finish(run) -> TrainResult``: final weights, held-out eval, plots, trees, summary.
 
@@ -19,18 +19,18 @@ import json
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from treegym.agents.policy import SamplingParams
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
+from treegym.agents.tree_html import write_tree_html
 from treegym.envs import registry as env_registry
 from treegym.envs.core import success
 from treegym.errors import TreegymError
@@ -44,7 +44,7 @@ from treegym.trainers.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from treegym.trainers.config import TrainConfig, to_dict
+from treegym.trainers.config import TrainConfig
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
 from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
@@ -84,12 +84,10 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
-    the caller has run ``preflight(cfg)`` already (``treegym train``, before its warm start)."""
+def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
     t_start = time.time()
-    if not checked:
-        preflight(cfg)
+    preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
@@ -98,25 +96,27 @@ def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> 
         run = setup(cfg, folder, dist, device, progress)
         bar = tqdm(total=cfg.steps, initial=run.state.step, desc=f"{cfg.algo} on {cfg.env}",
                    disable=not (progress and dist.main))
+        batch = None  # the last step's, for its trees' view
         while run.state.step < cfg.steps and not _budget_spent(cfg, run.state):
-            metrics = train_step(run, sample(run))
+            batch = sample(run)
+            metrics = train_step(run, batch)
             if run.log is not None and run.state.step % cfg.run.log_every == 0:
-                run.log.log(run.state.step, metrics.values)
+                run.log.log(run.state.step, metrics)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.values.get('approx_kl', 0):.4f}",
+            bar.set_postfix(reward=f"{metrics['reward']:.3f}", kl=f"{metrics.get('approx_kl', 0):.4f}",
                             tokens=run.state.tokens_total)
             # held-out success now and then; checkpoint (every process contributes its RNG stream)
             finished = run.state.step >= cfg.steps or _budget_spent(cfg, run.state)
             if cfg.run.eval_every and run.state.step % cfg.run.eval_every == 0 and not finished:
                 run.log_eval(run.state.step, run.evaluate(run.eval_env))
             if (cfg.run.save_every and run.state.step % cfg.run.save_every == 0) or finished:
-                rngs = parallel.gather_objects(rng_state(run.generators), dist)
+                rngs = parallel.gather_objects(rng_state(policy_generators(run.engine.policy)), dist)
                 gathered = parallel.checkpoint_state(run.model, run.updater.optimizer) if run.sharded else None
                 if dist.main:
                     save_checkpoint(folder / "checkpoints", run.model, run.updater.optimizer, run.state, rngs,
                                     gathered=gathered)
         bar.close()
-        result = finish(run, t_start)
+        result = finish(run, t_start, batch)
         parallel.barrier(dist)  # no process tears the group down while a peer is still in a collective
         return result
     except BaseException:
@@ -160,29 +160,19 @@ class Run:
     reference: torch.nn.Module | None
     updater: upd.Update
     engine: engines.Engine  # the sampling policy, and how it follows the trained weights
-    generators: Any
     env: Any
     eval_env: Any
     task_ids: list[Any] | None
-    mode: str
-    sampling: SamplingParams
     state: TrainState
     log: MetricsLog | None
-    last_batch: RolloutBatch | None = None
     sample_seconds: float = 0.0  # the last ``sample``'s wall time
     progress: bool = False
     sharded: bool = False  # FSDP: ``model``'s parameters are this process's shards
     also_env: Any = None  # the run.also_eval_split env, scored before and after
 
-    def rollout(self, env: Any, prompts: list[Any], seed: int) -> RolloutBatch:
-        with torch.no_grad(), parallel.autocast(self.device, self.cfg.model_opts.bf16):
-            return self.algo.sample(self.engine.policy, env, prompts, self.cfg, self.sampling, self.mode, seed)
-
     def evaluate(self, env: Any, temperature: float | None = None) -> HeldOut | None:
         """One chain per held-out prompt of ``env`` (``eval_env`` or ``also_env``; None: no evaluation)."""
-        if env is None:
-            return None
-        return evaluate_policy(self.engine.policy, env, self.cfg, self.mode, self.device, temperature=temperature,
+        return evaluate_policy(self.engine.policy, env, self.cfg, self.device, temperature=temperature,
                                dist=self.dist, progress=self.progress and self.dist.main)
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
@@ -201,16 +191,6 @@ class Run:
 CURRENCY_TOTALS = ("tool_calls_total", "trainer_tokens_total", "tool_rounds_total", "seconds_total")
 
 
-@dataclass
-class StepMetrics:
-    """One step's logged quantities, by name."""
-
-    values: dict[str, float]
-
-    def __getitem__(self, key: str) -> float:
-        return self.values[key]
-
-
 def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.device, progress: bool = False) -> Run:
     """Model, optimiser, policy, envs; resume from the latest checkpoint; the log; success before."""
     algo = get_algorithm(cfg.algo)
@@ -226,9 +206,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
-    generators = policy_generators(engine.policy)
+    generators = policy_generators(engine.policy)  # checkpoints restore their streams
     env = make_env(cfg, cfg.run.train_split)
-    sampling = sampling_params(cfg)
     state = TrainState()
     loaded = load_latest_checkpoint(folder / "checkpoints", model, optimizer, dist.rank, generators) if cfg.run.resume else None
     if loaded is not None:
@@ -236,13 +215,12 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
         engine.after_update(model)  # the engine samples the resumed weights
         if dist.main:
             print(f"resumed from {path} (step {state.step})")
-    log = MetricsLog(folder, tensorboard=cfg.run.tensorboard and dist.main, wandb=cfg.run.wandb and dist.main,
-                 config=to_dict(cfg), resume_step=state.step) if dist.main else None
+    log = MetricsLog(folder, state.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                     config=asdict(cfg)) if dist.main else None
     run = Run(cfg=cfg, folder=folder, dist=dist, device=device, algo=algo, model=model, tokenizer=tokenizer,
-              scorer=scorer, reference=reference, updater=updater, generators=generators, env=env,
-              eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None,
-              task_ids=env_registry.task_ids(env), mode=resolve_mode(cfg.sampler.context_mode, tokenizer),
-              sampling=sampling, state=state, log=log, progress=progress, engine=engine, sharded=sharded,
+              scorer=scorer, reference=reference, updater=updater, env=env, task_ids=env_registry.task_ids(env),
+              eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None, state=state, log=log,
+              progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
@@ -265,13 +243,16 @@ def sample(run: Run) -> RolloutBatch:
     state.data_position += cfg.prompts_per_step * dist.world
     run.model.eval()
     t0 = time.time()
-    batch = run.rollout(run.env, prompts, cfg.seed * 100_003 + state.step * dist.world + dist.rank)
+    with torch.no_grad(), parallel.autocast(run.device, cfg.model_opts.bf16):
+        batch = run.algo.sample(run.engine.policy, run.env, prompts, cfg, sampling_params(cfg),
+                                resolve_mode(cfg.sampler.context_mode, run.tokenizer),
+                                cfg.seed * 100_003 + state.step * dist.world + dist.rank)
     run.sample_seconds = time.time() - t0
     return batch
 
 
-def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
-    """Advantages, old and reference log-probs, the update, and the step's metrics."""
+def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Advantages, old and reference log-probs, the update, and the step's logged quantities, by name."""
     t0, cpu0 = time.time(), time.process_time()
     cfg, dist, device, state = run.cfg, run.dist, run.device, run.state
     run.engine.before_update()  # a colocated vLLM engine gives the GPU back for the update
@@ -290,7 +271,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     if rest or run.sharded:  # FSDP: every process takes part in each forward
         old_logp[rest] = upd.score(run.scorer, data, cfg, device, rows=rest, dist=dist)
     ref_logp = None
-    if run.reference is not None or (cfg.loss.use_kl and hasattr(run.model, "disable_adapter")):
+    if cfg.loss.use_kl:  # the frozen copy, or LoRA's base
         ref_model, scope = reference_scope(run.model, run.reference)
         with scope:
             ref_logp = upd.score(TokenScorer(ref_model), data, cfg, device)
@@ -298,33 +279,31 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
     if checkpointing_on(run.model):
         run.model.train()  # transformers recomputes activations in train mode only
     expected = cfg.prompts_per_step * run.algo.leaves_per_prompt(cfg)
-    n_mini = max(1, math.ceil(expected / cfg.optim.mini_batch_size))
-    n_micro = max(1, math.ceil(cfg.optim.mini_batch_size / cfg.optim.micro_batch_size))
-    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini, n_micro)
+    n_mini = math.ceil(expected / cfg.optim.mini_batch_size)  # as many on every process
+    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini)
     run.model.eval()
     run.engine.after_update(run.model)  # new weights into the engine, stale prefix KV dropped
     _count_nonfinite(run, nonfinite)
 
     state.step += 1
     bud = batch.budget
+    counts = {  # summed over processes and logged as they are
+        "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens, "prefill_tokens": bud.prefill_tokens,
+        "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls, "env_steps": bud.env_steps,
+        "trainer_tokens": sum(len(r.token_ids) for r in rollouts), "tool_rounds": bud.tool_rounds,
+        "resampled": bud.resampled,
+    }
     totals = parallel.all_sum_named({
-        "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
-        "trajectories": len(rollouts), "generated_tokens": bud.generated_tokens,
-        "prefill_tokens": bud.prefill_tokens, "reused_tokens": bud.reused_tokens, "tool_calls": bud.tool_calls,
-        "env_steps": bud.env_steps, "logprob_gap": upd.logprob_gap(data, old_logp),
-        "action_tokens": sum(data.mask.sum(-1).tolist()), "trainer_tokens": sum(len(r.token_ids) for r in rollouts),
-        "tool_rounds": bud.tool_rounds, "resampled": bud.resampled,
+        **counts, "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
+        "logprob_gap": upd.logprob_gap(data, old_logp), "action_tokens": sum(data.mask.sum(-1).tolist()),
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
     totals["seconds"] = time.time() - t0 + run.sample_seconds
     for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
         state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
-    run.last_batch = batch
-    return StepMetrics({
-        "reward": totals["reward"] / n, "success": totals["success"] / n, "trajectories": int(totals["trajectories"]),
-        **{k: int(totals[k]) for k in ("generated_tokens", "prefill_tokens", "reused_tokens", "tool_calls", "env_steps",
-                                       "trainer_tokens", "tool_rounds", "resampled")},
+    return {
+        "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
@@ -333,7 +312,7 @@ def train_step(run: Run, batch: RolloutBatch) -> StepMetrics:
         "skipped": int(nonfinite), "time_sample": run.sample_seconds,
         "time_step": totals["seconds"], "cpu_step": time.process_time() - cpu0,
         **{k: sum(v) / len(v) for k, v in stats.items()},
-    })
+    }
 
 
 def _count_nonfinite(run: Run, nonfinite: bool) -> None:
@@ -354,14 +333,13 @@ def _count_nonfinite(run: Run, nonfinite: bool) -> None:
             f"{run.folder / 'checkpoints'}")
 
 
-def finish(run: Run, t_start: float) -> TrainResult:
-    """Final weights, success after, plots, the trees of the last step, and the summary."""
+def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainResult:
+    """Final weights, success after, plots, the trees of the ``last`` step, and the summary."""
     cfg, dist, state, folder = run.cfg, run.dist, run.state, run.folder
-    sampled = run.engine.sampled_model(run.model)  # whole weights (FSDP: the refreshed copy)
+    sampled = run.engine.replica if run.engine.replica is not None else run.model  # whole weights, as sampled
     if dist.main:
         save_policy(sampled, run.tokenizer, folder / "final")
     after = run.evaluate(run.eval_env)
-    success_after = None if after is None else after.success_rate
     run.log_eval(state.step, after)
     also_after = run.evaluate(run.also_env)
     digests = parallel.gather_objects(parallel.weights_digest(sampled), dist)
@@ -371,11 +349,15 @@ def finish(run: Run, t_start: float) -> TrainResult:
         history = read_metrics(folder / "metrics.jsonl")
         if cfg.run.plots:
             plot_metrics(folder)
-        if cfg.run.trees_html and run.last_batch is not None:
-            _write_trees(run.last_batch, run.tokenizer, folder / "trees.html", f"{cfg.algo}: rollout trees of step {state.step}")
+        if cfg.run.trees_html and last is not None:
+            try:
+                write_tree_html(folder / "trees.html", last.trees, run.tokenizer,
+                                title=f"{cfg.algo}: rollout trees of step {state.step}")
+            except Exception as exc:  # a view is a convenience: never lose a finished run over it
+                warnings.warn(f"could not write {folder / 'trees.html'}: {exc}", stacklevel=1)
     before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
-                         success_after=success_after, tokens_total=state.tokens_total, seconds=time.time() - t_start,
+                         success_after=None if after is None else after.success_rate, tokens_total=state.tokens_total, seconds=time.time() - t_start,
                          history=history, replica_digests=digests,
                          eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after,
                          also_before=HeldOut.from_dict(also_data) if also_data else None, also_after=also_after)
@@ -390,12 +372,3 @@ def finish(run: Run, t_start: float) -> TrainResult:
 def _budget_spent(cfg: TrainConfig, state: TrainState) -> bool:
     return (bool(cfg.token_budget) and state.tokens_total >= cfg.token_budget) or (
         bool(cfg.tool_budget) and state.extra.get("tool_calls_total", 0) >= cfg.tool_budget)
-
-
-def _write_trees(batch: RolloutBatch, tokenizer: Any, path: Path, title: str) -> None:
-    from treegym.agents.tree_html import write_tree_html
-
-    try:
-        write_tree_html(path, batch.trees, tokenizer, title=title)
-    except Exception as exc:  # a view is a convenience: never lose a finished run over it
-        warnings.warn(f"could not write {path}: {exc}", stacklevel=1)

@@ -2,10 +2,8 @@
 
 All tensors are ``[batch, time]``. ``mask`` is 1 on action tokens (the only tokens any loss
 sees) and 0 on prompt, observation and padding tokens; ``weights`` (optional) scales each
-token's contribution, e.g. to count a tree turn shared by several trajectories once.
-
-Each loss returns a ``LossOutput`` whose named intermediates (``pg_loss1``, ``pg_loss2``,
-``approx_kl``, ``clipfrac``) are the quantities the loop logs.
+token's contribution, e.g. to count a tree turn shared by several trajectories once. Each
+loss returns a ``LossOutput``: the scalar and the named quantities the loop logs.
 """
 
 from __future__ import annotations
@@ -38,9 +36,9 @@ def aggregate(values: Tensor, mask: Tensor, mode: str = "token-mean", constant: 
     - ``constant``: sum / ``constant`` (Dr. GRPO's fixed normaliser, e.g. the max length).
     An all-zero mask gives 0, never NaN.
     """
-    mask = mask.to(values.dtype)
     if mode == "token-mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+        return masked_mean(values, mask)
+    mask = mask.to(values.dtype)
     if mode == "seq-mean":
         per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
         has = (mask.sum(-1) > 0).to(values.dtype)
@@ -105,8 +103,7 @@ def ppo_clip_loss(
     if dual_clip is not None:
         capped = torch.minimum(clipped, -advantages * dual_clip)
         clipped = torch.where(advantages < 0, capped, clipped)
-    per_token = clipped if weights is None else clipped * weights
-    loss = aggregate(per_token, mask, agg, constant)
+    loss = aggregate(clipped if weights is None else clipped * weights, mask, agg, constant)
     clipfrac = masked_mean((pg_loss2 > pg_loss1).to(logp.dtype), mask).detach()
     return LossOutput(loss, {
         "pg_loss": loss.detach(),
@@ -160,9 +157,7 @@ def treeopsd_loss(
     log_term = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
     linear_term = ratio - target  # -r* + r
     per_token = log_term + linear_term
-    if weights is not None:
-        per_token = per_token * weights
-    loss = aggregate(per_token, mask, agg, constant)
+    loss = aggregate(per_token if weights is None else per_token * weights, mask, agg, constant)
     passed = (ratio - target) * (target - 1.0) > 0  # the ratio has already passed its target
     return LossOutput(loss, {
         "opsd_loss": loss.detach(),

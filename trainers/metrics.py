@@ -1,14 +1,5 @@
-"""A run folder's metrics: JSONL (+ TensorBoard, optional W&B), and their plots.
-
-Layout of a run folder::
-
-    config.yaml        the full config of the run
-    metrics.jsonl      one JSON object per logged step
-    tb/                TensorBoard events
-    checkpoints/       step_N.pt (see treegym.trainers.checkpoint)
-    plots/             reward and success against step and generated tokens; phases.png
-    trees.html         the last step's rollout trees (when the HTML view is available)
-"""
+"""A run folder's metrics (``metrics.jsonl``, TensorBoard events in ``tb/``, optional W&B), and
+their plots in ``plots/`` (the folder's other files: ``treegym.trainers.run_folder.RUN_FILES``)."""
 
 from __future__ import annotations
 
@@ -24,18 +15,19 @@ from treegym.errors import MissingPackageError
 class MetricsLog:
     """Append-only metrics sink: JSONL always, TensorBoard and W&B when asked."""
 
-    def __init__(self, folder: Path, *, tensorboard: bool = True, wandb: bool = False,
-                 config: dict[str, Any] | None = None, resume_step: int | None = None) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, resume_step: int, *, tensorboard: bool, wandb: bool, config: dict[str, Any]) -> None:
+        """Rows logged after ``resume_step`` are dropped: they belong to steps a resume will redo."""
         self.path = folder / "metrics.jsonl"
-        if resume_step is not None:
-            truncate_metrics(self.path, resume_step)
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
         self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(folder / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+                self._tb = SummaryWriter(str(folder / "tb"), purge_step=resume_step + 1)
             except ImportError:
                 warnings.warn("tensorboard is not installed: metrics go to metrics.jsonl only", stacklevel=2)
         self._wandb = None
@@ -90,14 +82,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     if bad:
         warnings.warn(f"{path}: skipped {bad} unreadable line(s) (a torn write?)", stacklevel=2)
     return rows
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines logged after ``last_step`` (they belong to steps a resume will redo)."""
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
 
 
 def _pyplot() -> Any:

@@ -9,17 +9,22 @@ from typing import Any
 
 import torch
 
+from treegym.agents.models import load_model
 from treegym.errors import MissingPackageError
 from treegym.trainers.config import TrainConfig
 
 
 def load_trainable_model(cfg: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """The policy model in fp32 (autocast handles bf16), with LoRA adapters if configured."""
-    from treegym.agents.models import load_model
-
     model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    if cfg.model_opts.lora:
-        model = with_lora(model, cfg.model_opts.lora_r, cfg.model_opts.lora_alpha, "LoRA training (model_opts.lora=true)")
+    if cfg.model_opts.lora:  # adapters on every linear layer (peft); only they train
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise MissingPackageError("peft", "LoRA training (model_opts.lora=true)", "pip install 'treegym[lora]'") from exc
+        lora = LoraConfig(r=cfg.model_opts.lora_r, lora_alpha=cfg.model_opts.lora_alpha, target_modules="all-linear",
+                          task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
     if wants_checkpointing(cfg.model_opts.gradient_checkpointing, model, device):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -53,26 +58,15 @@ def trainable_names(model: torch.nn.Module) -> set[str]:
     return {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def with_lora(model: torch.nn.Module, r: int, alpha: int, purpose: str) -> torch.nn.Module:
-    """``model`` with LoRA adapters on every linear layer (peft); only the adapters train."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as exc:
-        raise MissingPackageError("peft", purpose, "pip install 'treegym[lora]'") from exc
-    lora = LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
-
-
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside a peft wrapper (LoRA layers are injected in place)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def reference_scope(model: torch.nn.Module, frozen: torch.nn.Module | None) -> tuple[torch.nn.Module, contextlib.AbstractContextManager]:
-    """The frozen reference for the KL term: LoRA's base (adapters off), or a frozen copy."""
-    if frozen is None and hasattr(model, "disable_adapter"):
+    """The frozen reference for the KL term: the frozen copy, or without one (LoRA) the base (adapters off)."""
+    if frozen is None:
         return model, model.disable_adapter()
-    assert frozen is not None
     return frozen, contextlib.nullcontext()
 
 

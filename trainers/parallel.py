@@ -9,10 +9,8 @@ scorer runs as it is):
   all-reduced. The sampling policy reads the trained model itself.
 - ``fsdp``: ``torch.distributed.fsdp.fully_shard`` on every decoder layer and on the scorer
   around them, so that weights, gradients and AdamW state are split across the processes
-  (for models whose weights plus optimiser do not fit one device). A sharded model cannot
-  sample (each process holds a slice, and generation lengths differ between processes, so
-  the all-gathers would not line up), so the policy samples from a full copy of the
-  weights that is refreshed after every update: the same push a vLLM engine gets.
+  (for models whose weights plus optimiser do not fit one device); the policy samples from a
+  full copy of the weights (``treegym.trainers.engines``).
 
 Everything here that gathers (``full_weights``, ``checkpoint_state``) is a collective under
 FSDP: every process calls it, in the same order.
@@ -59,31 +57,34 @@ class Dist:
 def pick_device(device_pref: str) -> torch.device:
     """``model_opts.device`` for this process: ``auto`` is its GPU when there is one; under
     torchrun every process takes the GPU of its local rank."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    place = launched()
     if device_pref == "auto":
-        return torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+        return torch.device(f"cuda:{place.local_rank}" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(device_pref)
     except RuntimeError:
         raise ConfigError(f"config field model_opts.device: {device_pref!r} is not cpu, cuda, cuda:N or auto") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config field model_opts.device: cuda was asked for, but no GPU is visible")
-    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = torch.device(f"cuda:{local}")
+    if device.type == "cuda" and place.on:
+        device = torch.device(f"cuda:{place.local_rank}")
     return device
+
+
+def launched() -> Dist:
+    """This process's place as torchrun's environment gives it (one process without torchrun)."""
+    env = os.environ
+    return Dist(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")))
 
 
 def setup_distributed(device_pref: str) -> tuple[Dist, torch.device]:
     """Join the torchrun group if launched by torchrun (gloo on CPU, NCCL on GPU); pick the device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_pref)
+    dist, device = launched(), pick_device(device_pref)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not torch_dist.is_initialized():
+    if dist.on and not torch_dist.is_initialized():
         torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, local), device
+    return dist, device
 
 
 def barrier(dist: Dist) -> None:
@@ -111,26 +112,24 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 
 
 def _all_reduce(values: Sequence[float], dist: Dist, device: torch.device, op: Any = None) -> list[float]:
+    """Reduce a vector of floats over every process (default: sum); itself in one process."""
+    if not dist.on:
+        return [float(v) for v in values]
     # NCCL reduces on the GPU, gloo on the CPU
     t = torch.tensor(list(values), dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
     torch_dist.all_reduce(t, op=op if op is not None else torch_dist.ReduceOp.SUM)
     return t.tolist()
 
 
-def all_sum(values: Sequence[float], dist: Dist, device: torch.device) -> list[float]:
-    """Sum a vector of floats over every process."""
-    return _all_reduce(values, dist, device) if dist.on else list(map(float, values))
-
-
 def all_sum_named(values: dict[str, float], dist: Dist, device: torch.device) -> dict[str, float]:
     """Sum named floats over every process (the same names on every process)."""
     names = sorted(values)
-    return dict(zip(names, all_sum([float(values[k]) for k in names], dist, device)))
+    return dict(zip(names, _all_reduce([values[k] for k in names], dist, device)))
 
 
 def any_rank(flag: bool, dist: Dist, device: torch.device) -> bool:
     """True on every process if ``flag`` is true on any (so all take the same branch)."""
-    return all_sum([float(flag)], dist, device)[0] > 0
+    return _all_reduce([float(flag)], dist, device)[0] > 0
 
 
 def broadcast_object(obj: Any, dist: Dist) -> Any:
@@ -169,15 +168,6 @@ def is_sharded(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of a HF causal LM (each one FSDP unit)."""
-    base = base_model(model)
-    layers = getattr(base.get_decoder(), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ConfigError(f"model_opts.parallel=fsdp: {type(base).__name__} has no decoder .layers to shard")
-    return layers
-
-
 def wrap(scorer: nn.Module, parallel: str, world: int, device: torch.device) -> nn.Module:
     """The module the update runs forward/backward through: the scorer, DDP- or FSDP-wrapped.
 
@@ -193,35 +183,36 @@ def wrap(scorer: nn.Module, parallel: str, world: int, device: torch.device) -> 
         return DistributedDataParallel(scorer, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in decoder_layers(scorer.model):
+    base = base_model(scorer.model)
+    layers = getattr(base.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(f"model_opts.parallel=fsdp: {type(base).__name__} has no decoder .layers to shard")
+    for layer in layers:
         fully_shard(layer)
     fully_shard(scorer)
     return scorer
 
 
-def grad_sync(trainer: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Accumulate this micro-batch's gradient locally (``sync=False``) or reduce it now."""
-    if sync:
-        return contextlib.nullcontext()
-    if hasattr(trainer, "no_sync"):  # DDP
-        return trainer.no_sync()
-    if hasattr(trainer, "set_requires_gradient_sync"):  # FSDP2
-        return _fsdp_no_sync(trainer)
-    return contextlib.nullcontext()
-
-
 @contextlib.contextmanager
-def _fsdp_no_sync(trainer: Any) -> Iterator[None]:
-    trainer.set_requires_gradient_sync(False)
-    try:
+def grad_sync(trainer: nn.Module, sync: bool) -> Iterator[None]:
+    """Accumulate the gradient of the forward and backward run inside locally (``sync=False``),
+    or reduce it as usual. DDP decides at the forward, FSDP2 during the backward: both run inside."""
+    if not sync and hasattr(trainer, "no_sync"):  # DDP
+        with trainer.no_sync():
+            yield
+    elif not sync and hasattr(trainer, "set_requires_gradient_sync"):  # FSDP2
+        trainer.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            trainer.set_requires_gradient_sync(True)
+    else:
         yield
-    finally:
-        trainer.set_requires_gradient_sync(True)
 
 
 def all_max(value: int, dist: Dist, device: torch.device) -> int:
     """The largest ``value`` over every process (so that all run as many collective forwards)."""
-    return int(_all_reduce([value], dist, device, torch_dist.ReduceOp.MAX)[0]) if dist.on else value
+    return int(_all_reduce([value], dist, device, torch_dist.ReduceOp.MAX)[0])
 
 
 def full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -236,27 +227,19 @@ def full_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded) trainable weights and optimiser state, on the CPU of rank 0 (empty
     elsewhere). A collective under FSDP; the optimiser state is keyed by parameter name."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    opts = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
     names = trainable_names(model)
-    weights = {k: v for k, v in get_model_state_dict(model, options=opts).items() if k in names}
-    return weights, get_optimizer_state_dict(model, optimizer, options=opts)
+    weights = {k: v for k, v in dcp.get_model_state_dict(model, options=opts).items() if k in names}
+    return weights, dcp.get_optimizer_state_dict(model, optimizer, options=opts)
 
 
 def load_checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any],
                           optim_state: dict[str, Any]) -> None:
     """Shard full weights and optimiser state (as ``checkpoint_state`` wrote them) into this
     process's slices. Every process passes the full dicts (each reads the checkpoint file)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint import state_dict as dcp
 
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
-    set_optimizer_state_dict(model, optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+    dcp.set_model_state_dict(model, weights, options=dcp.StateDictOptions(full_state_dict=True, strict=False))
+    dcp.set_optimizer_state_dict(model, optimizer, optim_state, options=dcp.StateDictOptions(full_state_dict=True))

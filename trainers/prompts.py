@@ -3,21 +3,21 @@ sampling parameters (its held-out prompts are ``treegym eval``'s, ``agents.eval.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 import gymnasium as gym
 
+from treegym.agents.models import resolve_model_folder
+from treegym.agents.policy import SamplingParams
 from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError
+from treegym.trainers import engines, parallel
 from treegym.trainers.config import TrainConfig
 
 
-def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> Any:
+def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> SamplingParams:
     """The sampler section as ``SamplingParams`` (``temperature``/``top_p`` override it: evals)."""
-    from treegym.agents.policy import SamplingParams
-
     s = cfg.sampler
     return SamplingParams(temperature=s.temperature if temperature is None else temperature,
                           top_p=s.top_p if top_p is None else top_p, max_new_tokens=s.max_new_tokens,
@@ -40,9 +40,6 @@ def preflight(cfg: TrainConfig) -> None:
     """Fail in a second, before any model load, run folder or warm start: the env id, its splits,
     the model, how the update is parallel, and the rollout engine as ``model_opts.device`` would
     pick it (e.g. sampler.backend=vllm without vllm)."""
-    from treegym.agents.models import resolve_model_folder
-    from treegym.trainers import engines, parallel
-
     env_registry.resolve_split(cfg.env, cfg.run.train_split)
     if cfg.run.eval_n:
         for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
@@ -51,7 +48,7 @@ def preflight(cfg: TrainConfig) -> None:
     if cfg.model_opts.parallel == "fsdp" and cfg.model_opts.lora:
         raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
                           "is small); use model_opts.parallel=ddp with model_opts.lora=true")
-    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), int(os.environ.get("WORLD_SIZE", "1")))
+    engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), parallel.launched().world)
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:

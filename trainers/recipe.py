@@ -4,12 +4,10 @@ The embedded SmolLM2-135M never writes a well-formed ``<search>``/``<answer>`` t
 own, so RL from it sees reward 0 and learns nothing. The recipe first imitates the env's
 scripted expert (``treegym.trainers.sft``) in the RL context format, then runs the configured
 algorithm from that model. The warm start is cached under ``TREEGYM_HOME/warm-start``, keyed
-by everything it depends on (model, env and its kwargs, expert, turn budget and length,
-context mode, episodes, seed), so a second run pays for it once.
+by everything it depends on (``warm_start_key``), so a second run pays for it once.
 
-Three held-out evaluations, on the same prompts and with the same protocol, tell what each
-phase contributed: the untrained model (measured once, stored with the warm start), the warm
-start (the RL run's "before") and the end of RL (its "after").
+Three held-out evaluations on the same prompts tell what each phase contributed: the untrained
+model (stored with the warm start), the warm start (the RL run's "before") and the end of RL.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from typing import Any
 import torch
 
 from treegym.agents.models import load_model
-from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
@@ -38,7 +35,7 @@ from treegym.trainers.heldout import evaluate_policy, phase_summary
 from treegym.trainers.loop import train
 from treegym.trainers.metrics import plot_phases
 from treegym.trainers.model import make_policy
-from treegym.trainers.parallel import pick_device
+from treegym.trainers.parallel import launched, pick_device
 from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
 from treegym.trainers.sft import SFT_META, run_sft
 
@@ -116,12 +113,18 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
         log(f"warm start: cached at {folder}")
         untrained = HeldOut.from_dict(meta["untrained"]) if meta.get("untrained") else None
         return WarmStart(folder, True, 0.0, int(meta.get("examples", 0)), untrained)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched().on:
         raise ConfigError("the warm start is not cached yet: build it once in a single process "
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
     t0 = time.perf_counter()
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
-    untrained = evaluate_model(cfg, progress=progress)
+    untrained = None
+    if cfg.run.eval_n:  # the model as it is, on the run's held-out prompts
+        device = pick_device(cfg.model_opts.device)
+        model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+        untrained = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
+                                    cfg, device, progress=progress)
+        del model
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
@@ -139,13 +142,13 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     """``treegym train``: the warm start (when wanted), RL, then ``phases.json``, its plot and the
     summary table (returned on the main process, None on the others)."""
     preflight(cfg)  # before the warm start
-    main = int(os.environ.get("RANK", "0")) == 0
+    main = launched().main
     base_model = cfg.model
     ws = None
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress, checked=True)
+    result = train(cfg, progress=progress)
     if not main:
         return None
     if not cfg.run.keep_checkpoints:
@@ -193,12 +196,3 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
     note = "(95% intervals: Wilson for the score, paired bootstrap over the same held-out prompts for gains)"
     return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
 
-
-def evaluate_model(cfg: TrainConfig, progress: bool = False) -> HeldOut | None:
-    """``cfg.model`` as it is (untrained) on the run's held-out prompts, with the trainer's protocol."""
-    if not cfg.run.eval_n:
-        return None
-    device = pick_device(cfg.model_opts.device)
-    model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-    return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split), cfg,
-                           resolve_mode(cfg.sampler.context_mode, tokenizer), device, progress=progress)

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import yaml
 
 from treegym.errors import ConfigError
 from treegym.trainers.checkpoint import list_checkpoints
-from treegym.trainers.config import TrainConfig, get_path, leaf_paths, to_dict
+from treegym.trainers.config import TrainConfig, get_path, leaf_paths
 from treegym.trainers.metrics import read_metrics
 
 # What a resume may change: how long to run, where and how often to write, and the device.
@@ -40,7 +41,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
     "run.plots", "run.tensorboard", "run.wandb", "run.trees_html", "run.keep_checkpoints", "model_opts.device",
 })  # fmt: skip
 
-# The files and folders a run writes (see treegym.trainers.metrics); only these are ever removed.
+# The files and folders a run writes (its metrics, plots, checkpoints, final weights); only these are ever removed.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.tmp", "summary.json", "trees.html", "phases.json")
 RUN_DIRS = ("checkpoints", "tb", "plots", "wandb", "final")
 MANIFEST = ".treegym-run.json"  # what treegym writes in this folder: the only names it ever removes
@@ -93,18 +94,15 @@ def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     new_lock = not (folder / LOCK).exists()
+    lock = None
     try:
         lock = RunLock(folder)
-    except BaseException:
-        if created:
-            _remove_empty(folder)
-        raise
-    try:
         _prepare(cfg, folder)
     except BaseException:
-        lock.release()
-        if new_lock:  # a refused run leaves no trace in a folder that is not a run's
-            (folder / LOCK).unlink(missing_ok=True)
+        if lock is not None:
+            lock.release()
+            if new_lock:  # a refused run leaves no trace in a folder that is not a run's
+                (folder / LOCK).unlink(missing_ok=True)
         if created:
             _remove_empty(folder)
         raise
@@ -119,7 +117,7 @@ def _prepare(cfg: TrainConfig, folder: Path) -> None:
             raise ConfigError(
                 f"run folder {folder} holds a run with another config ({'; '.join(changed)}); resume it with "
                 "the same config, set run.resume=false to start it over, or choose another run.name")
-    elif has_run_files(folder):
+    elif any((folder / name).exists() for name in (*RUN_FILES, *RUN_DIRS)):
         if not (folder / MANIFEST).is_file():
             raise ConfigError(f"{folder} holds files that treegym did not write there (it has no {MANIFEST}); "
                               "choose another run.name, or move them away")  # fmt: skip
@@ -128,7 +126,7 @@ def _prepare(cfg: TrainConfig, folder: Path) -> None:
         clear_run_files(folder)
     (folder / MANIFEST).write_text(json.dumps({"written_by": "treegym", "files": [*RUN_FILES, *RUN_DIRS]}) + "\n")
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (folder / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:
@@ -148,10 +146,6 @@ def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:
         if old != new:
             out.append(f"{path}: {'(unset)' if old is _MISSING else repr(old)} -> {new!r}")
     return out
-
-
-def has_run_files(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (*RUN_FILES, *RUN_DIRS))
 
 
 def written_by_treegym(folder: Path) -> set[str]:

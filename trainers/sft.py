@@ -1,9 +1,8 @@
-"""Supervised warm start (SFT) on expert episodes, before RL.
+"""Supervised warm start (SFT) on expert episodes, before RL (why: ``treegym.trainers.recipe``).
 
-A small instruct model rarely writes a well-formed ``<search>``/``<answer>`` turn on its own, so
-every RL reward is 0. ``run_sft`` imitates an expert first, in the RL context format, only the
-action tokens labelled, and saves a HF model folder; its steps are ``treegym sft --help``'s
-(``treegym.trainers.cli_sft``), its held-out scores every phase's (``treegym.trainers.heldout``).
+``run_sft`` imitates an expert in the RL context format, only the action tokens labelled, and
+saves a HF model folder; its steps are ``treegym sft --help``'s (``treegym.trainers.cli_sft``),
+its held-out scores every phase's (``treegym.trainers.heldout``).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers import parallel
-from treegym.trainers.config import SFTConfig, TrainConfig, to_dict, validate
+from treegym.trainers.config import SFTConfig, TrainConfig, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
 from treegym.trainers.model import load_trainable_model, make_policy
@@ -99,8 +98,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
     params = [p for p in model.parameters() if p.requires_grad]
     scorer = TokenScorer(model)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    total_steps = math.ceil(len(examples) / cfg.batch_size) * cfg.epochs
     warmup = int(cfg.warmup * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
     rng = random.Random(seed)
@@ -209,25 +207,22 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
 
     eval_env = make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
 
-    def score() -> HeldOut | None:
-        if eval_env is None:
-            return None
-        return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, mode, device, temperature=0.0)
+    def score(phase: str) -> HeldOut | None:  # greedy, by a fresh policy over the current weights
+        got = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, device, temperature=0.0)
+        if got is not None:
+            log(f"sft: {phase}: success {got.success_rate:.3f}, well-formed actions {got.mean('well_formed'):.3f} "
+                f"({got.n} {cfg.run.eval_split} prompts)")
+        return got
 
-    before = score()
-    if before is not None:
-        log(f"sft: before: success {before.success_rate:.3f}, well-formed actions {before.mean('well_formed'):.3f} "
-            f"({before.n} {cfg.run.eval_split} prompts)")
+    before = score("before")
     t_train = time.perf_counter()
     losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    after = score()
-    if after is not None:
-        log(f"sft: after:  success {after.success_rate:.3f}, well-formed actions {after.mean('well_formed'):.3f}")
+    after = score("after")
     saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
              "dropped": dropped, "episode_ids": [e.episode_id for e in examples], "losses": losses,
              "before": before.to_dict() if before else None, "after": after.to_dict() if after else None,
-             "config": to_dict(cfg), **(meta or {})}
+             "config": asdict(cfg), **(meta or {})}
     save_model(model, tokenizer, folder, saved)
     return SFTResult(folder, len(examples), dropped, sum(e.n_labels for e in examples), len(losses),
                      losses[0], losses[-1], before, after, time.perf_counter() - t0)

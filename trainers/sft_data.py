@@ -18,8 +18,11 @@ from typing import Any
 import gymnasium as gym
 
 from treegym.agents.eval import Transcript, play_episodes, progress_bar
+from treegym.agents.resolve import scripted_agent
 from treegym.agents.rollout.context import TokenContext
+from treegym.agents.scripted import HeuristicQAAgent
 from treegym.envs.core import success
+from treegym.envs.registry import family
 from treegym.errors import ConfigError
 
 
@@ -47,9 +50,6 @@ class SFTExample:
 def make_expert(name: str, env_id: str, max_turns: int) -> Any:
     """The scripted ``name`` expert of ``env_id`` (one its family record lists), fitted to a
     budget of ``max_turns`` turns."""
-    from treegym.agents.resolve import scripted_agent
-    from treegym.envs.registry import family
-
     experts = family(env_id).experts
     if not experts:
         raise ExpertError(f"env {env_id!r} has no {name} expert (its family lists none); "
@@ -57,8 +57,6 @@ def make_expert(name: str, env_id: str, max_turns: int) -> Any:
     if name not in experts:
         raise ExpertError(f"unknown expert {name!r} for {env_id}; choose one of: {', '.join(experts)}")
     agent = scripted_agent(name, env_id)
-    from treegym.agents.scripted import HeuristicQAAgent
-
     if isinstance(agent, HeuristicQAAgent):
         # Searches beyond the budget would truncate the episode before the answer, and an
         # episode without an answer teaches nothing; keep one turn for it.

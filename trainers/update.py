@@ -59,9 +59,9 @@ class Update:
 
 
 def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | None, first_order: list[int],
-           n_mini: int, n_micro: int) -> tuple[dict[str, list[float]], bool]:
-    """``ppo_epochs`` x mini-batches x micro-batches over ``data``: per-name lists of the logged
-    quantities, and whether a non-finite input, loss or gradient stopped it.
+           n_mini: int) -> tuple[dict[str, list[float]], bool]:
+    """``ppo_epochs`` x ``n_mini`` mini-batches x micro-batches over ``data``: per-name lists of the
+    logged quantities, and whether a non-finite input, loss or gradient stopped it.
 
     Non-finite inputs skip the whole step before any update; a non-finite loss or gradient met
     later skips the rest of it (weights already stepped came from finite losses). The first
@@ -74,6 +74,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
     nonfinite = parallel.any_rank(bool(bad_inputs), dist, device)
     fresh = True  # no update yet in this step: the current forward is the old policy
     mb_size, micro_size = cfg.optim.mini_batch_size, cfg.optim.micro_batch_size
+    n_micro = math.ceil(mb_size / micro_size)
     for epoch in range(0 if nonfinite else cfg.optim.ppo_epochs):
         order = first_order if epoch == 0 else torch.randperm(len(data.input_ids)).tolist()
         for m in range(n_mini):
@@ -86,20 +87,23 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 # gradients in lock-step); an empty micro-batch scores row 0 x 0.
                 rows, scale = (micro, 1.0) if micro else ([0], 0.0)
                 sync = k == n_micro - 1
-                with parallel.grad_sync(u.trainer, sync or not dist.on), parallel.autocast(device, cfg.model_opts.bf16):
-                    ids, attn, tgt, mask, n = take(data, rows, device)
-                    logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
-                    if fresh and micro:
-                        old_logp[micro, :n] = logp.detach().float().cpu()
-                    loss, metrics = loss_step(
-                        u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
-                        data.extras["advantages"][rows, :n].to(device), data.extras["weights"][rows, :n].to(device),
-                        mask, None if ref_logp is None else ref_logp[rows, :n].to(device))
-                    # the micro-batch's mean, scaled so that the accumulated sum is the mini-batch's mean
-                    loss = loss * scale * (aggregation_size(data.mask[micro], cfg.loss.agg) / norm if micro else 1.0)
-                if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
-                    return stats, True
-                loss.backward()
+                # FSDP2 reads the sync switch in the backward, so the backward runs inside it too
+                with parallel.grad_sync(u.trainer, sync or not dist.on):
+                    with parallel.autocast(device, cfg.model_opts.bf16):
+                        ids, attn, tgt, mask, n = take(data, rows, device)
+                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
+                        if fresh and micro:
+                            old_logp[micro, :n] = logp.detach().float().cpu()
+                        loss, metrics = loss_step(
+                            u.loss_fn, u.loss_options, cfg.loss, logp, entropy, old_logp[rows, :n].to(device),
+                            data.extras["advantages"][rows, :n].to(device),
+                            data.extras["weights"][rows, :n].to(device), mask,
+                            None if ref_logp is None else ref_logp[rows, :n].to(device))
+                        # the micro-batch's mean, scaled so that the accumulated sum is the mini-batch's mean
+                        loss = loss * scale * (aggregation_size(data.mask[micro], cfg.loss.agg) / norm if micro else 1.0)
+                    if parallel.any_rank(not torch.isfinite(loss).item(), dist, device):
+                        return stats, True
+                    loss.backward()
                 if micro:
                     for key, value in metrics.items():
                         stats.setdefault(key, []).append(float(value))
