@@ -5,9 +5,9 @@ Two layers:
 - the math, as small pure functions over flat tensors (``group_normalize``,
   ``tree_grpo_advantages``, ``backed_up_values``, ``turn_credit``), each unit-tested on
   hand-computed inputs;
-- the adapters (``grpo``, ``tree_grpo``, ``treeopsd``; by name: ``algorithms.ALGORITHMS``), from a
-  ``RolloutBatch`` to one advantage per action token of each rollout, which is what the loss consumes. An adapter also returns per-token weights
-  (1.0 unless the estimator says otherwise), so that a loss can count each tree turn once.
+- the adapters (``grpo``, ``tree_grpo``, ``treeopsd``; by name: ``algorithms.ALGORITHMS``), from
+  a ``RolloutBatch`` to one advantage per action token of each rollout (what the loss consumes)
+  and per-token weights (1.0 unless the estimator says otherwise: a loss counts a tree turn once).
 
 Every estimator gives zero advantage, never NaN, to a group whose rewards are all equal.
 """

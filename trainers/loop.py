@@ -357,8 +357,8 @@ def finish(run: Run, t_start: float, last: RolloutBatch | None = None) -> TrainR
                 warnings.warn(f"could not write {folder / 'trees.html'}: {exc}", stacklevel=1)
     before_data, also_data = state.extra.get("eval_before"), state.extra.get("also_before")
     result = TrainResult(folder=folder, steps=state.step, success_before=state.extra["success_before"],
-                         success_after=None if after is None else after.success_rate, tokens_total=state.tokens_total, seconds=time.time() - t_start,
-                         history=history, replica_digests=digests,
+                         success_after=None if after is None else after.success_rate, tokens_total=state.tokens_total,
+                         seconds=time.time() - t_start, history=history, replica_digests=digests,
                          eval_before=HeldOut.from_dict(before_data) if before_data else None, eval_after=after,
                          also_before=HeldOut.from_dict(also_data) if also_data else None, also_after=also_after)
     if dist.main:

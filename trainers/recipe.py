@@ -195,4 +195,3 @@ def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart 
     line = "-" * (width + 3 + max(len(v) for _, v in rows))
     note = "(95% intervals: Wilson for the score, paired bootstrap over the same held-out prompts for gains)"
     return "\n".join([line, *(f"{k:<{width}}   {v}" for k, v in rows), note, line])
-
