@@ -104,6 +104,9 @@ class OptimConfig:
     micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)",
                                 positive=True)
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
+    pack: bool = opt(True, "tree-packed update: forward each distinct token of a micro-batch once (a tree's shared "
+                     "prompt, observations and turns), with an ancestor attention mask; exact, and faster the more "
+                     "the leaves share")
     skip_empty_steps: bool = opt(True, "skip the optimiser step of a mini-batch whose gradient is exactly 0 (all advantages 0): AdamW's momentum would move the weights anyway")
 
 
