@@ -55,7 +55,10 @@ class SamplerConfig:
     expansion: str = opt("with_replacement", "branching rule: which nodes a round forks, a name in "
                          "treegym.agents.rollout.branching.RULES (with_replacement: the reference) or module:function")
     distinct: int = opt(0, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off)")
-    distinct_retries: int = opt(4, "resamples of a repeated branch beginning (with sampler.distinct)")
+    distinct_retries: int = opt(4, "resamples of a repeated branch beginning (sampler.distinct) or move "
+                                "(sampler.distinct_actions)")
+    distinct_actions: bool = opt(False, "sibling branches at a fork make different moves (the env's parsed action: "
+                                 "query, answer, command), a repeated first turn redrawn up to distinct_retries times")
     distinct_exclude: bool = opt(False, "a beginning still repeated after the resamples is drawn without its siblings' first tokens")
     temperature: float = opt(1.0, "sampling temperature (> 0: training needs sampled log-probs)", positive=True)
     top_p: float = opt(1.0, "nucleus sampling mass", positive=True, at_most_one=True)

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.distinct import distinct_action_share
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
@@ -306,7 +307,8 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
     n = max(totals["trajectories"], 1.0)
     return {
         "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
-        "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
+        "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)),
+        "distinct_action_share": distinct_action_share(batch.trees), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
