@@ -191,6 +191,16 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         Implementations start with ``self.check_plan(plan)``."""
         raise NotImplementedError
 
+    def action_key(self, action: str) -> str:
+        """What ``action`` would do in the current state, as a string: two actions with the same
+        key are the same move (the same tool calls and the same parsed action: query, answer,
+        command) however their text differs. Samplers make sibling branches distinct by it.
+        An env whose ``plan`` parses nothing keys an action by its whitespace-normalised text."""
+        plan = self.plan(action)
+        if not plan.calls and plan.parsed is None:
+            return " ".join(str(action).split())
+        return repr((plan.calls, plan.parsed))
+
     # ---- gymnasium API --------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from treegym.agents.policy import SamplingParams
+from treegym.agents.rollout.distinct import distinct_action_share
 from treegym.agents.rollout.samplers import sample_trees
 from treegym.agents.sampling import sample_tokens
 from treegym.envs.probe_model import build_probe_model
@@ -78,3 +79,58 @@ def test_sample_tokens_never_picks_an_excluded_token_and_reports_the_unmasked_lo
     assert greedy.item() == 1
     everything, _ = sample_tokens(logits[:1], 0.0, 1.0, None, exclude=(0, 1, 2))
     assert everything.item() == 0  # nothing left to pick: the exclusion is ignored
+
+
+# ---- distinct moves (the env's parsed action), not distinct first tokens ---------------------
+
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True, stop=())
+
+
+def _grow_moves(policy, actions: bool, seed: int):
+    return sample_trees(policy, lambda: ProbeMazeEnv(horizon=4, doors=3), [0, 1, 2], m=1, n=3, l=1, k=64,
+                        params=SAMPLED, expansion="with_replacement", max_turns=4, mode="raw", seed=seed,
+                        distinct_actions=actions, distinct_retries=4)
+
+
+def test_distinct_actions_make_siblings_differ_in_their_move_more_often(policy) -> None:
+    on = [distinct_action_share(_grow_moves(policy, True, s).trees) for s in range(3)]
+    off = [distinct_action_share(_grow_moves(policy, False, s).trees) for s in range(3)]
+    assert sum(off) / 3 < 1.0  # without the option the trained policy repeats its move
+    assert sum(on) / 3 > sum(off) / 3
+
+
+def test_a_redrawn_move_records_the_policys_own_log_probs(policy) -> None:
+    batch = _grow_moves(policy, True, 0)
+    assert batch.budget.resampled > 0
+    checked = 0
+    for tree in batch.trees:
+        for node in tree.nodes:
+            if node.turn is None or node.round != 1 or tree.nodes[node.parent].round != 0:
+                continue
+            context = list(tree.prompt_ids)
+            for nid in tree.path(node.parent) if node.parent else []:
+                context += tree.nodes[nid].turn.action_ids + tree.nodes[nid].turn.obs_ids
+            ids = context + node.turn.action_ids
+            with torch.no_grad():
+                logits = policy.model(input_ids=torch.tensor([ids])).logits[0].float()
+            logp = torch.log_softmax(logits, -1)
+            own = [logp[len(context) - 1 + j, t].item() for j, t in enumerate(node.turn.action_ids)]
+            assert node.turn.action_logprobs == pytest.approx(own, abs=1e-4)
+            checked += 1
+    assert checked
+
+
+def test_the_action_key_is_the_parsed_move_not_the_text() -> None:
+    import gymnasium as gym
+
+    import treegym  # noqa: F401  (registers the envs)
+    from treegym.envs.core import base_env
+
+    env = base_env(gym.make("TextHousehold-v0"), bare=True)
+    env.reset(seed=0)
+    assert env.action_key("go to drawer 1") == env.action_key("  go to   drawer 1\n")
+    assert env.action_key("go to drawer 1") != env.action_key("go to drawer 2")
+    maze = ProbeMazeEnv(horizon=4, doors=3)
+    maze.reset(seed=0)
+    assert maze.action_key("door1 x y") == maze.action_key("door1 z")
+    assert maze.action_key("door1 x") != maze.action_key("door2 x")

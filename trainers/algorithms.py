@@ -45,7 +45,8 @@ def trees(policy: Policy, env: Any, prompts: list, cfg: TrainConfig, params: Sam
     s = cfg.sampler
     return sample_trees(policy, env, prompts, m=s.trees, n=s.expand_nodes, l=s.rounds, k=s.leaves, params=params,
                         expansion=s.expansion, seed=seed, distinct=s.distinct, distinct_retries=s.distinct_retries,
-                        distinct_exclude=s.distinct_exclude, **_common(cfg, mode))
+                        distinct_exclude=s.distinct_exclude, distinct_actions=s.distinct_actions,
+                        **_common(cfg, mode))
 
 
 def tree_leaves(cfg: TrainConfig) -> int:

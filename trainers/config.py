@@ -55,7 +55,10 @@ class SamplerConfig:
     expansion: str = opt("with_replacement", "branching rule: which nodes a round forks, a name in "
                          "treegym.agents.rollout.branching.RULES (with_replacement: the reference) or module:function")
     distinct: int = opt(0, "sibling branches begin with different first N tokens, resampled while they repeat (0 = off)")
-    distinct_retries: int = opt(4, "resamples of a repeated branch beginning (with sampler.distinct)")
+    distinct_retries: int = opt(4, "resamples of a repeated branch beginning (sampler.distinct) or move "
+                                "(sampler.distinct_actions)")
+    distinct_actions: bool = opt(False, "sibling branches at a fork make different moves (the env's parsed action: "
+                                 "query, answer, command), a repeated first turn redrawn up to distinct_retries times")
     distinct_exclude: bool = opt(False, "a beginning still repeated after the resamples is drawn without its siblings' first tokens")
     temperature: float = opt(1.0, "sampling temperature (> 0: training needs sampled log-probs)", positive=True)
     top_p: float = opt(1.0, "nucleus sampling mass", positive=True, at_most_one=True)
@@ -104,6 +107,9 @@ class OptimConfig:
     micro_batch_size: int = opt(4, "rollouts per forward/backward (gradient accumulation inside a mini-batch)",
                                 positive=True)
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
+    pack: bool = opt(True, "tree-packed update: forward each distinct token of a micro-batch once (a tree's shared "
+                     "prompt, observations and turns), with an ancestor attention mask; exact, and faster the more "
+                     "the leaves share")
     skip_empty_steps: bool = opt(True, "skip the optimiser step of a mini-batch whose gradient is exactly 0 (all advantages 0): AdamW's momentum would move the weights anyway")
 
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from treegym.agents.rollout.types import Rollout
 from treegym.trainers.model import base_model
+from treegym.trainers.packing import Packed
 
 
 @dataclass(frozen=True)
@@ -74,20 +75,41 @@ class TokenScorer(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, targets: Tensor, mask: Tensor,
-                with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+                with_entropy: bool = True, packed: Packed | None = None) -> tuple[Tensor, Tensor]:
+        """Per-position log-probs and entropies ``[B, T-1]``. Given ``packed`` (the same rows as
+        ``pack_rows`` packs them), the decoder runs once over the packed sequence instead."""
         base = base_model(self.model)
         where = mask > 0
-        if plain_head(base):
+        if packed is not None:
+            logits = self._packed_logits(base, packed)
+        elif plain_head(base):
             hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             logits = base.get_output_embeddings()(hidden[:, :-1][where]).float()
         else:  # a transform after the head (logit softcapping or scaling): the model's own logits
             logits = base(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][where].float()
         logp_all = torch.log_softmax(logits, dim=-1)
-        picked = logp_all.gather(-1, targets[where][:, None]).squeeze(-1)
+        tgt = packed.tgt if packed is not None else targets[where]
+        picked = logp_all.gather(-1, tgt[:, None]).squeeze(-1)
+        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        if packed is not None:  # one value per distinct scored token: each row reads its own
+            picked = picked[packed.index[where]]
+            ent = None if ent is None else ent[packed.index[where]]
         logp = torch.zeros(targets.shape, dtype=torch.float32, device=logits.device)
         logp = logp.masked_scatter(where, picked)
         entropy = torch.zeros_like(logp)
-        if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
+        if ent is not None:
             entropy = entropy.masked_scatter(where, ent)
         return logp, entropy
+
+    def _packed_logits(self, base: nn.Module, packed: Packed) -> Tensor:
+        """Logits at the packed positions that predict a scored token, ``[S, vocab]``."""
+        eager = getattr(base.config, "_attn_implementation", "sdpa") == "eager"
+        allowed = packed.ancestors[None, None]
+        # transformers uses a 4D mask as given: SDPA reads bool, eager adds it to the scores
+        mask4d = (torch.zeros(allowed.shape, dtype=base.dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(base.dtype).min) if eager else allowed)
+        kwargs = {"input_ids": packed.input_ids, "attention_mask": mask4d, "position_ids": packed.position_ids}
+        if plain_head(base):
+            hidden = base.get_decoder()(**kwargs).last_hidden_state[0]
+            return base.get_output_embeddings()(hidden[packed.src]).float()
+        return base(**kwargs).logits[0, packed.src].float()

@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.distinct import distinct_action_share
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
@@ -280,7 +281,9 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
         run.model.train()  # transformers recomputes activations in train mode only
     expected = cfg.prompts_per_step * run.algo.leaves_per_prompt(cfg)
     n_mini = math.ceil(expected / cfg.optim.mini_batch_size)  # as many on every process
-    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini)
+    trees = [r.prompt_index * 100_000 + r.tree_index for r in rollouts]  # a tree's leaves, then the prompt's trees
+    stats, nonfinite = upd.update(run.updater, data, old_logp, ref_logp, first_order, n_mini, trees)
+    packing = _packing(stats)
     run.model.eval()
     run.engine.after_update(run.model)  # new weights into the engine, stale prefix KV dropped
     _count_nonfinite(run, nonfinite)
@@ -304,15 +307,24 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
     n = max(totals["trajectories"], 1.0)
     return {
         "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
-        "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)), **adv.stats,
+        "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)),
+        "distinct_action_share": distinct_action_share(batch.trees), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,
         "zero_adv_frac": upd.zero_share(adv.advantages, rollouts),
-        "skipped": int(nonfinite), "time_sample": run.sample_seconds,
+        "skipped": int(nonfinite), "time_sample": run.sample_seconds, **packing,
         "time_step": totals["seconds"], "cpu_step": time.process_time() - cpu0,
         **{k: sum(v) / len(v) for k, v in stats.items()},
     }
+
+
+def _packing(stats: dict[str, list[float]]) -> dict[str, float]:
+    """The update's token counts, summed over its forwards: distinct (packed) and per-row
+    tokens, and their ratio (1.0 without packing, lower the more the rows share)."""
+    unique, rows = (sum(stats.pop(key, [])) for key in upd.PACK_COUNTS)
+    return {"update_unique_tokens": unique, "update_row_tokens": rows,
+            "update_unique_ratio": unique / rows if rows else 1.0}
 
 
 def _count_nonfinite(run: Run, nonfinite: bool) -> None:

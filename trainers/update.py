@@ -24,6 +24,7 @@ from treegym.trainers import parallel
 from treegym.trainers.config import LossConfig
 from treegym.trainers.logprobs import PaddedBatch, TokenScorer
 from treegym.trainers.losses import LossOutput, aggregate, aggregation_size, kl_k3, masked_mean
+from treegym.trainers.packing import Packed, pack_rows
 
 
 def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], lc: LossConfig, logp: Tensor,
@@ -59,7 +60,7 @@ class Update:
 
 
 def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | None, first_order: list[int],
-           n_mini: int) -> tuple[dict[str, list[float]], bool]:
+           n_mini: int, trees: list[int] | None = None) -> tuple[dict[str, list[float]], bool]:
     """``ppo_epochs`` x ``n_mini`` mini-batches x micro-batches over ``data``: per-name lists of the
     logged quantities, and whether a non-finite input, loss or gradient stopped it.
 
@@ -67,6 +68,11 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
     later skips the rest of it (weights already stepped came from finite losses). The first
     mini-batch of the first epoch runs before any update, so its forward fills its own old
     log-probs (``old_logp`` rows of it are written in place).
+
+    With ``optim.pack``, each micro-batch is forwarded tree-packed, and a mini-batch's rows are
+    ordered by ``trees`` (a tree id per row) first, so that a tree's leaves share micro-batches
+    and their common tokens are forwarded once. The mini-batch's loss is a sum over its rows,
+    so the order changes nothing but summation order.
     """
     cfg, dist, device = u.cfg, u.dist, u.device
     stats: dict[str, list[float]] = {}
@@ -79,6 +85,8 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
         order = first_order if epoch == 0 else torch.randperm(len(data.input_ids)).tolist()
         for m in range(n_mini):
             mb = order[m * mb_size : (m + 1) * mb_size]
+            if cfg.optim.pack and trees is not None:
+                mb = sorted(mb, key=lambda row: trees[row])
             norm = max(aggregation_size(data.mask[mb], cfg.loss.agg), 1.0) if mb else 1.0
             u.optimizer.zero_grad(set_to_none=True)
             for k in range(n_micro):
@@ -90,8 +98,8 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 # FSDP2 reads the sync switch in the backward, so the backward runs inside it too
                 with parallel.grad_sync(u.trainer, sync or not dist.on):
                     with parallel.autocast(device, cfg.model_opts.bf16):
-                        ids, attn, tgt, mask, n = take(data, rows, device)
-                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True)
+                        ids, attn, tgt, mask, n, packed = take(data, rows, device, cfg.optim.pack)
+                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True, packed=packed)
                         if fresh and micro:
                             old_logp[micro, :n] = logp.detach().float().cpu()
                         loss, metrics = loss_step(
@@ -107,6 +115,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 if micro:
                     for key, value in metrics.items():
                         stats.setdefault(key, []).append(float(value))
+                    _count_tokens(stats, attn, packed)
             grad_norm = torch.nn.utils.clip_grad_norm_(u.params, cfg.optim.max_grad_norm)
             if parallel.any_rank(not math.isfinite(float(grad_norm)), dist, device):
                 return stats, True
@@ -141,19 +150,31 @@ def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device
     with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16):
         for c in range(chunks):
             chunk = every[c * size : (c + 1) * size]
-            ids, attn, tgt, mask, n = take(data, chunk or [0], device)
-            logp, _ = scorer(ids, attn, tgt, mask, with_entropy=False)
+            ids, attn, tgt, mask, n, packed = take(data, chunk or [0], device, cfg.optim.pack)
+            logp, _ = scorer(ids, attn, tgt, mask, with_entropy=False, packed=packed)
             if chunk:
                 out[c * size : c * size + len(chunk), :n] = logp.float().cpu()
     return out
 
 
-def take(data: PaddedBatch, rows: list[int], device: torch.device) -> tuple[Any, ...]:
-    """The model inputs of ``rows``, trimmed to their own longest rollout; and the target width."""
+def take(data: PaddedBatch, rows: list[int], device: torch.device, pack: bool = False) -> tuple[Any, ...]:
+    """The model inputs of ``rows``, trimmed to their own longest rollout; the target width; and
+    the rows tree-packed (``None`` unless ``pack``)."""
     width = int(data.attention_mask[rows].sum(-1).max())
     n = width - 1
-    return (data.input_ids[rows, :width].to(device), data.attention_mask[rows, :width].to(device),
-            data.targets[rows, :n].to(device), data.mask[rows, :n].to(device), n)
+    ids, attn, mask = data.input_ids[rows, :width], data.attention_mask[rows, :width], data.mask[rows, :n]
+    packed = pack_rows(ids, attn, mask).to(device) if pack else None
+    return ids.to(device), attn.to(device), data.targets[rows, :n].to(device), mask.to(device), n, packed
+
+
+PACK_COUNTS = ("packed_tokens", "row_tokens")  # summed over a step's micro-batches, not averaged
+
+
+def _count_tokens(stats: dict[str, list[float]], attn: Tensor, packed: Packed | None) -> None:
+    """Tokens the decoder forwarded for a micro-batch, and what one row per forward would have."""
+    rows = float(attn.sum())
+    stats.setdefault("row_tokens", []).append(rows)
+    stats.setdefault("packed_tokens", []).append(float(packed.total) if packed is not None else rows)
 
 
 def logprob_gap(data: PaddedBatch, logp: Tensor) -> float:

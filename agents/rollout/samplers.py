@@ -39,6 +39,7 @@ import gymnasium as gym
 from treegym.agents.policy import Generation, Policy, SamplingParams
 from treegym.agents.rollout.branching import BranchRule, Forest, candidates, get_rule
 from treegym.agents.rollout.context import Mode, TokenContext, make_context
+from treegym.agents.rollout.distinct import distinct_action_turns
 from treegym.agents.rollout.types import Budget, Node, Prompt, Rollout, RolloutBatch, Tree, Turn, reset_args
 from treegym.agents.sampling import find_stop
 from treegym.envs.core import ForkableEnv, Snapshot, base_env
@@ -116,22 +117,30 @@ class _Sampler:
         return _Branch(tree, node_id, env, context, reward)
 
     def grow(self, branches: list[_Branch], round_index: int, distinct: int = 0, retries: int = 0,
-             exclude: bool = False) -> None:
+             exclude: bool = False, actions: bool = False) -> None:
         """Run every branch to a leaf: one generate and one pool step per turn, for all.
 
+        ``actions``: the first turn of each branch makes a move (``ForkableEnv.action_key``) that
+        no sibling at its node made, where ``retries`` redraws allow (``distinct.py``).
         ``distinct``: the first turn of each branch begins with ``distinct`` tokens that no
         sibling at its node begins with (resampled up to ``retries`` times, then, with
         ``exclude``, drawn without the siblings' first tokens)."""
         active = list(branches)
-        first = distinct > 0
+        first = distinct > 0 or actions
         while active:
-            if first:
+            keys = None
+            if first and actions:
+                gens, keys, redrawn = distinct_action_turns(self.policy, self.params, active, retries)
+                self.resampled += redrawn
+            elif first:
                 gens = self.distinct_first_turns(active, distinct, retries, exclude)
-                first = False
             else:
                 gens = self.policy.generate([b.context for b in active], self.params)
+            first = False
             if len(gens) != len(active):
                 raise RuntimeError(f"policy returned {len(gens)} generations for {len(active)} contexts")
+            if keys is None:  # the move each turn makes, read in the state it is made in
+                keys = [b.env.action_key(g.text) for b, g in zip(active, gens)]
             results = self.pool.step([b.env for b in active], [g.text for g in gens])
             still: list[_Branch] = []
             for i, (b, g) in enumerate(zip(active, gens)):
@@ -161,6 +170,7 @@ class _Sampler:
                     truncated=bool(truncated or capped),
                     finish_reason=g.finish_reason,
                     info=dict(info),
+                    action_key=keys[i],
                 )
                 node = Node(node_id=len(b.tree.nodes), parent=b.parent, depth=depth, turn=turn, round=round_index)
                 b.tree.nodes.append(node)
@@ -335,6 +345,7 @@ def sample_trees(
     distinct: int = 0,
     distinct_retries: int = 4,
     distinct_exclude: bool = False,
+    distinct_actions: bool = False,
 ) -> RolloutBatch:
     """Tree-GRPO's agent-step tree search (see the module docstring).
 
@@ -352,6 +363,8 @@ def sample_trees(
         distinct: sibling branches begin with different first ``distinct`` tokens (0 = off),
             resampling a repeated beginning up to ``distinct_retries`` times; with
             ``distinct_exclude``, one still repeated is drawn without its siblings' first tokens.
+        distinct_actions: sibling branches make different moves (the env's parsed action, not
+            their first token), a repeated first turn drawn again up to ``distinct_retries`` times.
 
     Returns the trees (all nodes, including leaves that were not kept) and one Rollout per
     kept leaf, ordered by prompt, tree, leaf id.
@@ -375,7 +388,7 @@ def sample_trees(
             trees[t].expanded.append(node_id)
             branches.append(sampler.branch_from(trees[t], roots[t], node_id))
         if branches:
-            sampler.grow(branches, round_index, distinct, distinct_retries, distinct_exclude)
+            sampler.grow(branches, round_index, distinct, distinct_retries, distinct_exclude, distinct_actions)
     for tree in trees:
         leaves = tree.leaves()
         tree.kept_leaves = sorted(rng.sample(leaves, k)) if len(leaves) > k else leaves

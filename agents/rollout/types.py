@@ -42,6 +42,7 @@ class Turn:
     truncated: bool = False  # by the env's turn budget, or the sampler's max_turns / context cap
     finish_reason: str = "stop"  # the Generation's: "stop", or "length" (cut at max_new_tokens)
     info: dict[str, Any] = field(default_factory=dict)  # the env's step info
+    action_key: str = ""  # the env's key of the move (``ForkableEnv.action_key``): siblings differ by it
 
 
 @dataclass
@@ -112,7 +113,7 @@ class Budget:
     trajectories: int = 0
     env_steps: int = 0
     tool_rounds: int = 0  # pool steps that made at least one tool call (their calls run concurrently)
-    resampled: int = 0  # first-turn beginnings drawn again to differ from a sibling's (``distinct``)
+    resampled: int = 0  # first turns (or beginnings) drawn again to differ from a sibling's (``distinct*``)
 
     def __add__(self, other: Budget) -> Budget:
         """What both batches cost together: each counter summed."""

@@ -1,0 +1,181 @@
+"""One RL step of the main job, taken apart: sampling and the update, each way side by side.
+
+The workload is the default ``treegym train`` step (TreeSearchQA-v0, the default algorithm and
+tree shape) from the cached warm start when there is one (``--model`` otherwise), sampled by the
+run's own code (``trainers.loop.setup`` / ``sample``). Then, on that same batch and from the same
+weights, the update is run
+
+- per row: every kept leaf forwarded as its own padded sequence (``optim.pack=false``, the old
+  update), and
+- tree-packed: each distinct token of a micro-batch forwarded once (``optim.pack=true``);
+
+and the figures printed side by side: seconds, tokens the decoder forwarded, the unique/total
+ratio, and the peak RSS of each (reset between them through ``/proc/self/clear_refs``).
+
+For the sampler: the run's ``HFPolicy`` on the batch's first-turn contexts against raw HF
+``generate`` on the same contexts (left-padded, same token budget), generated tokens/s, and the
+machine's matmul roofline (GFLOP/s of a ``[tokens x hidden] @ [hidden x 4 hidden]`` product, fp32
+and bf16) so that a tokens/s figure can be read against what the cores can do.
+
+Give the load average with every figure: this machine has 2 cores.
+
+    python benchmarks/bench_rl_step.py                 # the default QA step
+    python benchmarks/bench_rl_step.py --algo grpo --reps 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from treegym.trainers import loop
+from treegym.trainers.config import load_config
+from treegym.trainers.parallel import Dist
+
+
+def peak_rss_reset() -> None:
+    """Start a new peak-RSS window (Linux: VmHWM is reset by writing 5 to clear_refs)."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool) -> dict[str, float]:
+    """``train_step`` on ``batch`` from ``weights`` with a fresh optimiser: its seconds and counts."""
+    run.model.load_state_dict(weights)
+    run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, pack=pack))
+    run.updater.cfg = run.cfg
+    run.updater.optimizer = torch.optim.AdamW(run.updater.params, lr=run.cfg.optim.lr)
+    run.sample_seconds = 0.0
+    torch.manual_seed(0)
+    peak_rss_reset()
+    t0 = time.perf_counter()
+    metrics = loop.train_step(run, batch)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "forwarded": metrics["update_unique_tokens"],
+            "row_tokens": metrics["update_row_tokens"], "ratio": metrics["update_unique_ratio"]}
+
+
+def raw_generate(model: Any, tokenizer: Any, contexts: list[list[int]], new_tokens: int) -> tuple[float, int]:
+    """HF ``generate`` on ``contexts`` (left-padded), sampling exactly ``new_tokens`` each."""
+    width = max(len(c) for c in contexts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
+    attn = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                             pad_token_id=pad)
+    return time.perf_counter() - t0, int((out.shape[1] - width) * len(contexts))
+
+
+def policy_generate(policy: Any, contexts: list[list[int]], new_tokens: int) -> tuple[float, int]:
+    from treegym.agents.policy import SamplingParams
+
+    policy.clear_cache()
+    t0 = time.perf_counter()
+    gens = policy.generate(contexts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True))
+    return time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)
+
+
+def matmul_gflops(dtype: torch.dtype, rows: int, hidden: int, reps: int = 20) -> float:
+    a = torch.randn(rows, hidden).to(dtype)
+    b = torch.randn(hidden, 4 * hidden).to(dtype)
+    a @ b  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * rows * hidden * 4 * hidden * reps / (time.perf_counter() - t0) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="", help="model folder or 'smollm2' (default: the cached warm start of "
+                        "the default run, else smollm2)")
+    parser.add_argument("--algo", default="", help="algorithm (default: the main job's)")
+    parser.add_argument("--prompts", type=int, default=0, help="prompts per step (default: the main job's)")
+    parser.add_argument("--reps", type=int, default=2, help="update runs per variant (median reported)")
+    parser.add_argument("--new-tokens", type=int, default=48, help="tokens per context in the sampler comparison")
+    parser.add_argument("--json", default="", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    from treegym.trainers.recipe import warm_start_folder
+
+    overrides: list[tuple[str, str]] = [("run.eval_n", "0"), ("run.tensorboard", "false"), ("run.plots", "false"),
+                                        ("run.trees_html", "false")]
+    if args.algo:
+        overrides.append(("algo", args.algo))
+    if args.prompts:
+        overrides.append(("prompts_per_step", str(args.prompts)))
+    cfg = load_config(overrides=overrides)
+    model = args.model or (str(warm_start_folder(cfg)) if warm_start_folder(cfg).is_dir() else "smollm2")
+    cfg = dataclasses.replace(cfg, model=model)
+    load = os.getloadavg()
+    print(f"model {model}, algo {cfg.algo}, prompts/step {cfg.prompts_per_step}, torch threads "
+          f"{torch.get_num_threads()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = loop.setup(cfg, Path(tmp), Dist(), torch.device("cpu"))
+        t0 = time.perf_counter()
+        batch = loop.sample(run)
+        sample_s = time.perf_counter() - t0
+        bud = batch.budget
+        weights = copy.deepcopy(run.model.state_dict())
+        rows: dict[str, list[dict[str, float]]] = {"per-row": [], "packed": []}
+        for _ in range(args.reps):
+            for name, pack in (("per-row", False), ("packed", True)):
+                rows[name].append(update_once(run, batch, weights, pack))
+        contexts = [list(t.prompt_ids) for t in batch.trees]
+        run.model.load_state_dict(weights)
+        hf_s, hf_n = policy_generate(run.engine.policy, contexts, args.new_tokens)
+        raw_s, raw_n = raw_generate(run.model, run.tokenizer, contexts, args.new_tokens)
+
+    hidden = int(run.model.config.hidden_size)
+    flops = {str(d).removeprefix("torch."): matmul_gflops(d, 256, hidden) for d in (torch.float32, torch.bfloat16)}
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in rows.items()}
+    base, new = med["per-row"], med["packed"]
+    print(f"\nsampling (the run's own sampler, fp32): {sample_s:.1f} s for {len(batch.rollouts)} trajectories, "
+          f"{bud.generated_tokens} generated + {bud.prefill_tokens} prefilled tokens "
+          f"({bud.generated_tokens / sample_s:.1f} generated tokens/s)")
+    print(f"\nupdate on the same batch, median of {args.reps}:")
+    print(f"{'':10}{'seconds':>9}{'forwarded':>11}{'row tokens':>12}{'unique/total':>14}{'peak RSS MB':>13}")
+    for name, m in med.items():
+        print(f"{name:10}{m['seconds']:>9.1f}{m['forwarded']:>11.0f}{m['row_tokens']:>12.0f}{m['ratio']:>14.2f}"
+              f"{m['peak_rss_mb']:>13.0f}")
+    speedup = base["seconds"] / new["seconds"]
+    print(f"packed update {speedup:.2f}x faster; token ratio predicts {1 / new['ratio']:.2f}x "
+          f"(gain/prediction {speedup * new['ratio']:.2f})")
+    print(f"step (sampling + update): {sample_s + base['seconds']:.1f} s per-row -> {sample_s + new['seconds']:.1f} s "
+          f"packed ({(sample_s + base['seconds']) / (sample_s + new['seconds']):.2f}x)")
+    print(f"\nsampler on the batch's {len(contexts)} first-turn contexts, {args.new_tokens} new tokens each:")
+    print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s)")
+    print(f"  HF generate   {raw_n / raw_s:7.1f} generated tokens/s ({raw_s:.1f} s)")
+    print("  matmul roofline " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in flops.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "load_average": load, "model": model, "algo": cfg.algo, "sample_seconds": sample_s,
+            "budget": dataclasses.asdict(bud), "update": rows, "update_median": med, "update_speedup": speedup,
+            "hf_policy_tokens_per_s": hf_n / hf_s, "hf_generate_tokens_per_s": raw_n / raw_s, "matmul_gflops": flops,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
