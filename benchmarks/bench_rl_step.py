@@ -57,10 +57,10 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool) -> dict[str, float]:
+def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool, micro: int) -> dict[str, float]:
     """``train_step`` on ``batch`` from ``weights`` with a fresh optimiser: its seconds and counts."""
     run.model.load_state_dict(weights)
-    run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, pack=pack))
+    run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, pack=pack, micro_batch_size=micro))
     run.updater.cfg = run.cfg
     run.updater.optimizer = torch.optim.AdamW(run.updater.params, lr=run.cfg.optim.lr)
     run.sample_seconds = 0.0
@@ -139,10 +139,12 @@ def main() -> None:
         sample_s = time.perf_counter() - t0
         bud = batch.budget
         weights = copy.deepcopy(run.model.state_dict())
-        rows: dict[str, list[dict[str, float]]] = {"per-row": [], "packed": []}
+        micro, mini = cfg.optim.micro_batch_size, cfg.optim.mini_batch_size
+        variants = {"per-row": (False, micro), "packed": (True, micro), f"packed, micro {mini}": (True, mini)}
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
         for _ in range(args.reps):
-            for name, pack in (("per-row", False), ("packed", True)):
-                rows[name].append(update_once(run, batch, weights, pack))
+            for name, (pack, size) in variants.items():
+                rows[name].append(update_once(run, batch, weights, pack, size))
         contexts = [list(t.prompt_ids) for t in batch.trees]
         run.model.load_state_dict(weights)
         hf_s, hf_n = policy_generate(run.engine.policy, contexts, args.new_tokens)
@@ -155,10 +157,10 @@ def main() -> None:
     print(f"\nsampling (the run's own sampler, fp32): {sample_s:.1f} s for {len(batch.rollouts)} trajectories, "
           f"{bud.generated_tokens} generated + {bud.prefill_tokens} prefilled tokens "
           f"({bud.generated_tokens / sample_s:.1f} generated tokens/s)")
-    print(f"\nupdate on the same batch, median of {args.reps}:")
-    print(f"{'':10}{'seconds':>9}{'forwarded':>11}{'row tokens':>12}{'unique/total':>14}{'peak RSS MB':>13}")
+    print(f"\nupdate on the same batch (micro-batch {micro} rows unless said), median of {args.reps}:")
+    print(f"{'':20}{'seconds':>9}{'forwarded':>11}{'row tokens':>12}{'unique/total':>14}{'peak RSS MB':>13}")
     for name, m in med.items():
-        print(f"{name:10}{m['seconds']:>9.1f}{m['forwarded']:>11.0f}{m['row_tokens']:>12.0f}{m['ratio']:>14.2f}"
+        print(f"{name:20}{m['seconds']:>9.1f}{m['forwarded']:>11.0f}{m['row_tokens']:>12.0f}{m['ratio']:>14.2f}"
               f"{m['peak_rss_mb']:>13.0f}")
     speedup = base["seconds"] / new["seconds"]
     print(f"packed update {speedup:.2f}x faster; token ratio predicts {1 / new['ratio']:.2f}x "
