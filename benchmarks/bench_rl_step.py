@@ -157,6 +157,10 @@ def main() -> None:
     print(f"\nsampling (the run's own sampler, fp32): {sample_s:.1f} s for {len(batch.rollouts)} trajectories, "
           f"{bud.generated_tokens} generated + {bud.prefill_tokens} prefilled tokens "
           f"({bud.generated_tokens / sample_s:.1f} generated tokens/s)")
+    n_params = sum(p.numel() for p in run.model.parameters())
+    achieved = 2 * n_params * (bud.generated_tokens + bud.prefill_tokens) / sample_s / 1e9
+    print(f"  that is about {achieved:.0f} GFLOP/s of model compute (2 x {n_params / 1e6:.0f}M parameters per "
+          f"prefilled or generated token): {achieved / flops['float32']:.0%} of the fp32 matmul roofline below")
     print(f"\nupdate on the same batch (micro-batch {micro} rows unless said), median of {args.reps}:")
     print(f"{'':20}{'seconds':>9}{'forwarded':>11}{'row tokens':>12}{'unique/total':>14}{'peak RSS MB':>13}")
     for name, m in med.items():
