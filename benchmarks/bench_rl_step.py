@@ -149,6 +149,10 @@ def main() -> None:
         run.model.load_state_dict(weights)
         hf_s, hf_n = policy_generate(run.engine.policy, contexts, args.new_tokens)
         raw_s, raw_n = raw_generate(run.model, run.tokenizer, contexts, args.new_tokens)
+        # prefill alone: one new token after each (uncached) context
+        hf_p, _ = policy_generate(run.engine.policy, contexts, 1)
+        raw_p, _ = raw_generate(run.model, run.tokenizer, contexts, 1)
+        context_tokens = sum(len(c) for c in contexts)
 
     hidden = int(run.model.config.hidden_size)
     flops = {str(d).removeprefix("torch."): matmul_gflops(d, 256, hidden) for d in (torch.float32, torch.bfloat16)}
@@ -172,14 +176,17 @@ def main() -> None:
     print(f"step (sampling + update): {sample_s + base['seconds']:.1f} s per-row -> {sample_s + new['seconds']:.1f} s "
           f"packed ({(sample_s + base['seconds']) / (sample_s + new['seconds']):.2f}x)")
     print(f"\nsampler on the batch's {len(contexts)} first-turn contexts, {args.new_tokens} new tokens each:")
-    print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s)")
-    print(f"  HF generate   {raw_n / raw_s:7.1f} generated tokens/s ({raw_s:.1f} s)")
+    print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s); prefill "
+          f"{context_tokens / hf_p:.0f} tokens/s")
+    print(f"  HF generate   {raw_n / raw_s:7.1f} generated tokens/s ({raw_s:.1f} s); prefill "
+          f"{context_tokens / raw_p:.0f} tokens/s")
     print("  matmul roofline " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in flops.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "load_average": load, "model": model, "algo": cfg.algo, "sample_seconds": sample_s,
             "budget": dataclasses.asdict(bud), "update": rows, "update_median": med, "update_speedup": speedup,
             "hf_policy_tokens_per_s": hf_n / hf_s, "hf_generate_tokens_per_s": raw_n / raw_s, "matmul_gflops": flops,
+            "hf_policy_prefill_per_s": context_tokens / hf_p, "hf_generate_prefill_per_s": context_tokens / raw_p,
         }, indent=2))
 
 
