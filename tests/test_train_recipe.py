@@ -51,6 +51,22 @@ def test_final_weights_load_as_a_model_for_the_next_run(tiny_chat_model: Path, t
     assert (second / "final" / "model.safetensors").exists()
 
 
+def test_train_runs_its_preflight_once(tiny_chat_model: Path, tmp_path: Path, monkeypatch) -> None:
+    from treegym.trainers import loop, prompts, recipe
+
+    calls: list[str] = []
+
+    def counted(cfg: TrainConfig) -> None:
+        calls.append(cfg.env)
+        prompts.preflight(cfg)
+
+    monkeypatch.setattr(recipe, "preflight", counted)
+    monkeypatch.setattr(loop, "preflight", counted)
+    _train(tmp_path, "--env", "TextHousehold-v0", "--model", str(tiny_chat_model), "--steps", "1",
+           "--run.eval_n=0", "--sampler.max_new_tokens=4", "--sampler.max_turns=2", "--run.tensorboard=false")
+    assert calls == ["TextHousehold-v0"]
+
+
 def test_warm_start_is_built_once_then_cached(tiny_chat_model: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("TREEGYM_HOME", str(tmp_path / "home"))
     args = ["--model", str(tiny_chat_model), "--steps", "1", "--warm_start=on", "--warm_start_episodes=4",

@@ -84,10 +84,12 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
+def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
+    the caller has run ``preflight(cfg)`` already (``treegym train`` does, before its warm start)."""
     t_start = time.time()
-    preflight(cfg)
+    if not checked:
+        preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None

@@ -148,7 +148,7 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, checked=True)  # preflight ran above, once
     if not main:
         return None
     if not cfg.run.keep_checkpoints:
