@@ -1,22 +1,20 @@
-"""The one way treegym makes an env: each family's record, its registered ids and variants, splits,
-and the factory that train, eval, play and SFT all call.
+"""The one way treegym makes an env: the ``Family`` record type and the registry of families, their
+ids and variants, splits, and the factory that train, eval, play and SFT all call.
 
-An env family declares its settings once, in a ``Family`` record registered with it
-(``register_family``): the policy's turn budget and turn length, the name of the scripted expert a
-warm start imitates, the training variant, and the name of its score. Its splits, held-out split
-and action stops are the env class's own (``splits``, ``eval_split``, ``action_stops``), and the
-record reads them from there. The record names the expert a warm start imitates; the experts
-themselves are registered beside their agents (``treegym.agents.experts``). ``treegym train``, ``sft``, ``eval`` and ``play`` read the record;
-nothing above this layer keeps a per-env table. A new family is its own files plus one
-``register_family`` call.
+An env family declares its settings once, in a ``Family`` record that its own module registers
+(``register_family``, at the bottom of ``tree_search_qa.py``, ``web_search_qa.py``,
+``household/env.py``, ``probes.py``): the policy's turn budget and turn length, the name of the
+scripted expert a warm start imitates (the experts are registered beside their agents,
+``treegym.agents.experts``), the training variant, and the name of its score. Its splits, held-out
+split and action stops are the env class's own (``splits``, ``eval_split``, ``action_stops``), and
+the record reads them from there. ``treegym train``, ``sft``, ``eval`` and ``play`` read the
+record; nothing above this layer keeps a per-env table. A new family is its own files plus one
+``register_family`` call in them.
 
 A per-use default is a registered variant with its kwargs, as Gymnasium does it (``FrozenLake8x8``
 is ``FrozenLake`` with ``map_name="8x8"``): ``TreeSearchQA-Train-v0`` is ``TreeSearchQA-v0`` on BM25
-(builds in seconds, no embedder forward per query: what a 2-core run can afford) scored with
-Tree-GRPO's format-aware table, ``WebSearchQA-Train-v0`` is ``WebSearchQA-v0`` with that table, and
-``TextHousehold-Train-v0`` takes 0.1 off each inadmissible command (verl-agent's ALFWorld penalty)
-and lists the admissible commands in every observation (verl-agent's ALFWorld layout, capped).
-The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation reads
+scored with Tree-GRPO's format-aware table, and each family's record says what its own variant
+changes. The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation reads
 ``info["em"]``/``info["success"]``, so the shaping never reaches a reported score.
 """
 
@@ -84,48 +82,17 @@ def register_family(fam: Family) -> Family:
     return fam
 
 
-register_family(Family(
-    id="TreeSearchQA-v0", entry_point="treegym.envs.tree_search_qa:TreeSearchQAEnv",
-    max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24,
-    expert="heuristic", score="EM",
-    training="TreeSearchQA-Train-v0", training_kwargs={"index": "bm25", "format_score": True},
-))
-register_family(Family(
-    id="WebSearchQA-v0", entry_point="treegym.envs.web_search_qa:WebSearchQAEnv",
-    max_turns=3, max_new_tokens=48,  # search, browse, answer
-    expert="heuristic", score="EM",
-    training="WebSearchQA-Train-v0", training_kwargs={"format_score": True},
-))
-register_family(Family(
-    # 128 heuristic episodes (about 90 solved in 10 turns and kept), chosen on 32 tuning tasks that
-    # the run does not report (benchmarks/tune_warm_start.py): 64 / 128 / 192 episodes gave success
-    # 0.0% / 3.1% / 0.0% and well-formed actions 83% / 67% / 68%, in 180 / 323 / 485 s of SFT. That
-    # was on ALFWorld's plain text; with the listed commands an episode is 2.8x longer (median 1,498
-    # SmolLM2 tokens over 10 turns, against 536), hence the 2,048-token context, and the episode
-    # count was not re-tuned (docs/household.md).
-    id="TextHousehold-v0", entry_point="treegym.envs.household.env:TextHouseholdEnv",
-    max_turns=10, max_new_tokens=16, max_context_tokens=2048, warm_start_episodes=128,
-    # One rollout per forward: with the listed commands an episode is ~1,500 tokens, and a padded
-    # micro-batch takes SDPA's masked path on the CPU, which keeps every layer's attention (11.5 GB
-    # at 4 x 1,500 tokens); the loss is the same.
-    micro_batch_size=1, also_eval_split="unseen",
-    expert="heuristic", score="success",
-    # The listing's cap is spelt out so that it is part of every warm start's cache key.
-    training="TextHousehold-Train-v0",
-    training_kwargs={"invalid_penalty": 0.1, "list_admissible": True, "list_top_n": 10, "list_max_tokens": 96},
-))  # fmt: skip
-
-ENV_IDS = tuple(FAMILIES)
 
 
 def register_envs() -> None:
-    """Register treegym's probe envs with gymnasium (idempotent; the families register themselves
-    with ``register_family``)."""
-    from treegym.envs.probes import PROBE_IDS
+    """Register treegym's env families with gymnasium (idempotent): each family's module registers
+    its own record (``register_family``) when it is imported."""
+    # The product families first (the order every listing shows), then the probes.
+    from treegym.envs import tree_search_qa, web_search_qa  # noqa: F401
+    from treegym.envs.household import env  # noqa: F401
 
-    for env_id, entry_point in PROBE_IDS.items():
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+    # isort: split
+    from treegym.envs import probes  # noqa: F401
 
 
 def base_id(env_id: str) -> str:

@@ -361,7 +361,8 @@ def env_defaults_text() -> str:
     line, and a registered variant (``X-Train-v0``) gets its base env's."""
     lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
     for env_id in FAMILIES:
-        lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items()))
+        lines.append(f"  {env_id}: " + (", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items())
+                                         or "(the trainer's own)"))
     lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
     for variant, (base, kwargs) in VARIANTS.items():
         lines.append(f"  {base} -> {variant}: " + ", ".join(f"{k}={v}" for k, v in kwargs.items()))
