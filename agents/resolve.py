@@ -15,6 +15,7 @@ Specs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from treegym.agents.base import Agent
 from treegym.agents.experts import expert_names, make_expert
 from treegym.agents.policy import Policy, SamplingParams
+from treegym.envs.registry import family
 from treegym.errors import ConfigError
 from treegym.specs import load_object
 
@@ -50,7 +52,8 @@ def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = Non
     if spec in expert_names():
         return ResolvedAgent(spec, make_expert(env_id, spec))
     if spec.startswith("openai:"):
-        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model))
+        stops = family(env_id).action_stops or ()  # the env's own turn ends, from its family record
+        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model, stop=stops))
     if spec.startswith("rank:"):
         from treegym.agents.ranking import ActionRanker
 
@@ -68,9 +71,10 @@ def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = Non
     )
 
 
-def openai_agent(target: str, *, params: SamplingParams | None = None, model: str | None = None) -> Any:
-    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent`` sampling with ``params`` (default: its own);
-    ``#model`` wins over ``model``."""
+def openai_agent(target: str, *, params: SamplingParams | None = None, model: str | None = None,
+                 stop: Sequence[str] = ()) -> Any:
+    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent`` sampling with ``params`` (default: its own)
+    and ending a turn at ``stop``; ``#model`` wins over ``model``."""
     url, _, named = target.partition("#")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"openai agent needs an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#model; got {url!r}")
@@ -79,7 +83,7 @@ def openai_agent(target: str, *, params: SamplingParams | None = None, model: st
     except ImportError as exc:
         raise ConfigError(f"the OpenAI-compatible agent is not available: {exc}") from exc
     sampling = {} if params is None else {"temperature": params.temperature, "max_tokens": params.max_new_tokens}
-    return OpenAIChatAgent(url, model=named or model or None, **sampling)
+    return OpenAIChatAgent(url, model=named or model or None, stop=stop, **sampling)
 
 
 def import_agent(spec: str) -> Any:

@@ -79,6 +79,7 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
     state_class = RetrievalState
     prompt = SEARCH_R1_PROMPT
     tags = ("search", "answer")
+    action_stops = ("</search>", "</answer>")  # a turn ends at its closing tag
     invalid_message = INVALID_ACTION_MESSAGE
 
     def __init__(

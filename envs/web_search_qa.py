@@ -155,6 +155,7 @@ class WebSearchQAEnv(QAEnv[WebState]):
     state_class = WebState
     prompt = WEB_PROMPT
     tags = TAGS
+    action_stops = tuple(f"</{t}>" for t in TAGS)  # a turn ends at its closing tag
     invalid_message = INVALID_WEB_ACTION
 
     def __init__(

@@ -97,10 +97,18 @@ def test_every_familys_warm_start_expert_is_registered_for_its_env() -> None:
         assert fam.expert is None or warm_start_expert(env_id) == fam.expert, env_id
 
 
+def test_each_env_owns_the_text_that_ends_its_turns() -> None:
+    from treegym.agents.policy import SamplingParams
+
+    assert registry.family("TreeSearchQA-v0").action_stops == ("</search>", "</answer>")
+    assert registry.family("WebSearchQA-v0").action_stops == ("</search>", "</browse>", "</answer>")
+    assert SamplingParams().stop == ()  # no table of every env's tags above the envs: samplers add the env's
+
+
 def test_the_household_family_plays_its_turn_budget_in_every_command() -> None:
     fam = registry.family("TextHousehold-v0")
     assert (fam.max_turns, fam.max_new_tokens, fam.expert, fam.training) == (10, 16, "heuristic", "TextHousehold-Train-v0")
-    assert fam.eval_split == "seen" and fam.splits == ("train", "seen", "unseen") and fam.action_stops == ("\n", ",")
+    assert fam.eval_split == "seen" and fam.splits == ("train", "seen", "unseen") and fam.action_stops == ("</action>", "\n", ",")
     for argv in (["--env", "TextHousehold-v0"], ["--env", "TextHousehold-Train-v0"]):
         cfg = load_config(None, [("env", argv[1])])
         assert (cfg.sampler.max_turns, cfg.sampler.max_new_tokens, cfg.warm_start_episodes) == (10, 16, 128)

@@ -120,9 +120,10 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
     eval_split = "seen"
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
-    # A command is one line and no command has a comma: a model that runs on ("go to desk 1,
-    # drawer 1, ...") has its turn ended there, and the trailing comma is ignored.
-    action_stops = ("\n", ",")
+    # A turn ends at its closing tag (``<action>cmd</action>``); and a command is one line and no
+    # command has a comma: a model that runs on ("go to desk 1, drawer 1, ...") has its turn ended
+    # there, and the trailing comma is ignored.
+    action_stops = ("</action>", "\n", ",")
 
     def __init__(
         self,
