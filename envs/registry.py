@@ -55,6 +55,7 @@ class Family:
     training: str | None = None  # the id of the variant the family trains on
     training_kwargs: Mapping[str, Any] = field(default_factory=dict)
     score: str = "success"  # what its held-out score is called ("EM" on QA envs)
+    tools: str | None = None  # its tool set in adapters (TRL: ``treegym.integrations.trl.TOOL_SETS``); None: one step tool
     splits: tuple[str, ...] | None = None
     eval_split: str | None = None
     action_stops: tuple[str, ...] | None = None

@@ -165,6 +165,6 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
 register_family(Family(
     id="TreeSearchQA-v0", entry_point="treegym.envs.tree_search_qa:TreeSearchQAEnv",
     max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24,
-    expert="heuristic", score="EM",
+    expert="heuristic", score="EM", tools="qa",
     training="TreeSearchQA-Train-v0", training_kwargs={"index": "bm25", "format_score": True},
 ))

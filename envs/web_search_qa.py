@@ -257,6 +257,6 @@ class WebSearchQAEnv(QAEnv[WebState]):
 register_family(Family(
     id="WebSearchQA-v0", entry_point="treegym.envs.web_search_qa:WebSearchQAEnv",
     max_turns=3, max_new_tokens=48,  # search, browse, answer
-    expert="heuristic", score="EM",
+    expert="heuristic", score="EM", tools="web",
     training="WebSearchQA-Train-v0", training_kwargs={"format_score": True},
 ))

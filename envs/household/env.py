@@ -271,7 +271,7 @@ register_family(Family(
     # micro-batch takes SDPA's masked path on the CPU, which keeps every layer's attention (11.5 GB
     # at 4 x 1,500 tokens); the loss is the same.
     micro_batch_size=1, also_eval_split="unseen",
-    expert="heuristic", score="success",
+    expert="heuristic", score="success", tools="household",
     # The listing's cap is spelt out so that it is part of every warm start's cache key.
     training="TextHousehold-Train-v0",
     training_kwargs={"invalid_penalty": 0.1, "list_admissible": True, "list_top_n": 10, "list_max_tokens": 96},
