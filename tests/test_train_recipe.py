@@ -51,16 +51,19 @@ def test_final_weights_load_as_a_model_for_the_next_run(tiny_chat_model: Path, t
     assert (second / "final" / "model.safetensors").exists()
 
 
-def test_eval_of_a_runs_model_reproduces_its_after_rl_figure(tiny_chat_model: Path, tmp_path: Path, capsys) -> None:
-    folder = _train(tmp_path, "--env", "TextHousehold-v0", "--model", str(tiny_chat_model), "--steps", "1",
+@pytest.mark.parametrize("env_id,extra", [("TextHousehold-v0", []),
+                                          ("TreeSearchQA-v0", ["--env_kwargs", '{"corpus_limit": 300}'])])
+def test_eval_of_a_runs_model_reproduces_its_after_rl_figure(env_id: str, extra: list[str], tiny_chat_model: Path,
+                                                            tmp_path: Path, capsys) -> None:
+    folder = _train(tmp_path, "--env", env_id, "--model", str(tiny_chat_model), "--steps", "1", "--warm_start=off",
                     "--run.eval_n=4", "--sampler.max_new_tokens=6", "--sampler.max_turns=3", "--run.tensorboard=false",
-                    "--run.plots=false", "--run.trees_html=false")
+                    "--run.plots=false", "--run.trees_html=false", *extra)
     after = json.loads((folder / "phases.json").read_text())["phases"]["after RL"]
     protocol = json.loads((folder / "protocol.json").read_text())
-    assert (protocol["variant"], protocol["n"], protocol["max_turns"]) == ("TextHousehold-Train-v0", 4, 3)
+    assert (protocol["variant"], protocol["n"], protocol["max_turns"]) == (env_id.replace("-v0", "-Train-v0"), 4, 3)
     capsys.readouterr()
     # --n and --max-new-tokens are the base id's defaults; a run's model replays its run's protocol
-    assert main(["eval", "--agent", str(folder / "final"), "--env", "TextHousehold-v0", "--n", "2", "--json",
+    assert main(["eval", "--agent", str(folder / "final"), "--env", env_id, "--n", "2", "--json",
                  "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n"] == after["n"] == 4
