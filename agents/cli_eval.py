@@ -12,7 +12,7 @@ from treegym.options import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | rank:MODEL | module:callable "
-    "(heuristic/oracle: the scripted agents the env family's record lists, e.g. the QA agents on "
+    "(heuristic/oracle: the scripted experts registered for the env (treegym.agents.experts), e.g. the QA agents on "
     "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold; rank:smollm2 or "
     "rank:MODEL_FOLDER plays the listed command the model finds most likely, on TextHousehold-Train-v0)"
 )

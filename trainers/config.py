@@ -152,7 +152,7 @@ class SFTConfig:
     plays exactly the episodes RL will (the warm start: ``recipe.warm_start_config``)."""
 
     out: str = opt("runs/sft-smollm2", "treegym sft: the model folder to write")
-    expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or a name the family lists "
+    expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or the name of one registered for the env "
                       "(heuristic, oracle)")
     traces: str = opt("", "read episodes from this traces.jsonl (or its folder; `treegym eval --out DIR` writes one) "
                       "instead of running an expert")
