@@ -25,9 +25,7 @@ from treegym.errors import ConfigError
 from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS, TREE_MODES, AdvantageConfig
 
 EPS = 1e-6
-# The adapters' keyword defaults are the config's, written once there (``AdvantageConfig``): a
-# direct call (a test, a benchmark) computes what a default run trains on.
-_DEFAULT = AdvantageConfig()
+_DEFAULT = AdvantageConfig()  # keyword defaults: a direct call computes what a default run trains on
 
 
 # ---- the math ---------------------------------------------------------------------------------

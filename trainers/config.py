@@ -76,11 +76,9 @@ class AdvantageConfig:
     use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
     normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
     prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", PREFIX_CREDITS)
-    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt (valued, like every node, "
-                         "at its children's mean)", OPSD_ROOTS)
+    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt (valued, like every node, at its children's mean)", OPSD_ROOTS)
     opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
-    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage "
-                             "(0.5: AgentOPSD's blend; 1: credit only)", at_most_one=True)
+    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (0.5: AgentOPSD's blend; 1: credit only)", at_most_one=True)
 
 
 @dataclass

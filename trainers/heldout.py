@@ -1,12 +1,11 @@
 """Held-out evaluation of a policy, per prompt, so that phases can be compared pairwise.
 
-One protocol (``run_protocol``: a ``treegym.agents.protocol.Protocol``, which the run writes to its
-folder for ``treegym eval --agent RUN/final``), and one function (``evaluate_policy``), for every phase of a run (the untrained
-model, the warm start, the end of RL) and for SFT's before/after: one chain per held-out prompt
-(``treegym.agents.eval.chosen_prompts``: the set ``treegym eval --n`` plays), greedy by default,
-each scored as ``treegym eval`` scores it (``EpisodeScore``). The result keeps one score per
-prompt, in prompt order, so that two evaluations on the same prompts give a paired gain with its
-interval (``phase_summary``).
+One protocol (``run_protocol``, a ``treegym.agents.protocol.Protocol`` the run writes for ``treegym
+eval --agent RUN/final``) and one function (``evaluate_policy``) for every phase of a run (untrained,
+warm start, end of RL) and for SFT's before/after: one chain per held-out prompt (the set ``treegym
+eval --n`` plays), greedy by default, scored as ``treegym eval`` scores it (``EpisodeScore``). The
+result keeps one score per prompt, in prompt order, so that two evaluations on the same prompts
+give a paired gain with its interval (``phase_summary``).
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ from treegym.trainers.config import TrainConfig
 
 
 def run_protocol(cfg: TrainConfig, split: str | None = None, temperature: float | None = None) -> Protocol:
-    """The held-out protocol of a run: its training variant with its ``env_kwargs`` on ``split``
-    (default ``run.eval_split``), its first ``run.eval_n`` tasks, the sampler's turns, tokens,
-    context format and cap, at ``temperature`` (default ``run.eval_temperature``)."""
+    """A run's held-out protocol: its training variant and ``env_kwargs`` on ``split`` (``run.eval_split``), its first
+    ``run.eval_n`` tasks, the sampler's turns, tokens, context and cap, at ``temperature`` (``run.eval_temperature``)."""
     s = cfg.sampler
     return Protocol(variant=env_registry.training_id(cfg.env),
                     split=env_registry.resolve_split(cfg.env, cfg.run.eval_split if split is None else split),
@@ -54,8 +52,7 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.de
     prompts = protocol.prompts(env)[dist.rank :: dist.world]
     local = None
     if prompts:
-        bar = progress_bar(len(prompts) * cfg.sampler.max_turns, f"held-out eval ({len(prompts)} prompts)", progress,
-                           "turn", leave=False)
+        bar = progress_bar(len(prompts) * cfg.sampler.max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn", leave=False)
         with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16), bar:
             batch = play_protocol(policy, env, prompts, protocol, progress=bar)
         local = heldout_from_batch(batch)

@@ -16,8 +16,7 @@ from torch import Tensor
 from treegym.errors import ConfigError
 from treegym.trainers.config import AGGREGATIONS, LossConfig
 
-# The losses' keyword defaults are the config's, written once there (``LossConfig``).
-_DEFAULT = LossConfig()
+_DEFAULT = LossConfig()  # the keyword defaults, written once there
 
 
 @dataclass(frozen=True)
