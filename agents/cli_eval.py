@@ -12,7 +12,7 @@ from treegym.options import json_object_option
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | rank:MODEL | module:callable "
-    "(heuristic/oracle: the scripted agents the env family's record lists, e.g. the QA agents on "
+    "(heuristic/oracle: the scripted experts registered for the env (treegym.agents.experts), e.g. the QA agents on "
     "TreeSearchQA/WebSearchQA, the expert walkthrough as oracle on TextHousehold; rank:smollm2 or "
     "rank:MODEL_FOLDER plays the listed command the model finds most likely, on TextHousehold-Train-v0)"
 )
@@ -29,7 +29,8 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--agent", required=True, help=_AGENT_HELP)
     p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
-    p.add_argument("--n", type=int, default=20, help="episodes: the first N tasks of the split, as train's held-out prompts (default 20)")
+    p.add_argument("--n", type=int, default=20, help="episodes: the first N tasks of the split, as train's held-out prompts "
+                   "(default 20; a run's model, RUN/final, replays its run's held-out protocol instead: RUN/protocol.json)")
     p.add_argument("--split", default="auto", help="task split (default auto: the env's held-out split, dev for QA, seen for household)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tree search with --trees (default 0)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl, report.json, trees.html")

@@ -26,6 +26,7 @@ import gymnasium as gym
 import treegym.envs as envs
 from treegym.agents.base import Message
 from treegym.agents.policy import Policy, SamplingParams
+from treegym.agents.protocol import Protocol, play_protocol, read_protocol
 from treegym.agents.resolve import ResolvedAgent, resolve_agent
 from treegym.agents.rollout.episode import Episode, run_episode
 from treegym.agents.rollout.samplers import sample_chains, sample_trees
@@ -162,7 +163,10 @@ def evaluate(
     """Run ``agent`` on ``n`` tasks of ``env_id`` and summarise.
 
     The tasks are the held-out set (``chosen_prompts``): the split's first ``n``, the same ones
-    a train run with ``run.eval_n=n`` evaluates on.
+    a train run with ``run.eval_n=n`` evaluates on. A training run's model (``RUN/final``) replays
+    its run's protocol instead (``RUN/protocol.json``: the training variant, split, n, turns,
+    tokens, context format and temperature), so its figure is the run's "after RL" one; the
+    other sampling arguments are then not used.
 
     Args:
         agent: a spec (``heuristic``, ``oracle``, ``smollm2``, a model folder,
@@ -190,12 +194,15 @@ def evaluate(
                 else ResolvedAgent(str(type(agent).__name__), agent))
     if trees and not resolved.is_policy:
         raise ConfigError("--trees needs a policy agent (smollm2, a model folder, or a Policy object)")
-    env = envs.make(env_id, split, **(env_kwargs or {}))
-    prompts = chosen_prompts(env, n)
+    protocol = run_protocol_of(agent, env_id) if resolved.is_policy else None
+    env = protocol.make_env() if protocol is not None else envs.make(env_id, split, **(env_kwargs or {}))
+    prompts = protocol.prompts(env) if protocol is not None else chosen_prompts(env, n)
     out_dir = Path(out) if out is not None else None
     files: dict[str, str] = {}
-    with progress_bar(n, f"eval {resolved.name}", progress) as bar:
-        if resolved.is_policy:
+    with progress_bar(len(prompts), f"eval {resolved.name}", progress) as bar:
+        if protocol is not None:
+            episodes = _replay(resolved.obj, env, prompts, protocol, bar)
+        elif resolved.is_policy:
             episodes = _run_policy(resolved.obj, env, prompts, params, max_turns, mode, batch_size, bar)
         else:
             episodes = play_episodes(env, resolved.obj, prompts, max_turns, bar)
@@ -252,6 +259,30 @@ def _run_policy(policy: Policy, env: gym.Env, prompts: list[Prompt], params: Sam
         if bar is not None:
             bar.update(len(chunk))
     return episodes
+
+
+def run_protocol_of(agent: Any, env_id: str) -> Protocol | None:
+    """The held-out protocol of the training run whose model ``agent`` names (``RUN/final`` finds
+    ``RUN/protocol.json``), when it is one and ``env_id`` is that run's env family; else None."""
+    if not isinstance(agent, str) or not Path(agent).expanduser().is_dir():
+        return None
+    protocol = read_protocol(Path(agent).expanduser())
+    if protocol is None:
+        return None
+    registry = envs.registry
+    if registry.base_id(protocol.variant) != registry.base_id(env_id):
+        raise ConfigError(f"{agent} was trained and scored on {protocol.variant}; evaluate it with --env "
+                          f"{registry.base_id(protocol.variant)} (its run's protocol) or copy the model elsewhere")
+    return protocol
+
+
+def _replay(policy: Policy, env: gym.Env, prompts: list[Prompt], protocol: Protocol, bar: Any) -> list[Episode]:
+    """A run's held-out phase again: ``protocol``'s chains, in one batch, as training scored them."""
+    batch = play_protocol(policy, env, prompts, protocol)
+    if bar is not None:
+        bar.update(len(prompts))
+    trees = sorted(batch.trees, key=lambda t: t.prompt_index)
+    return [_episode_of_tree(t, _episode_id(t.prompt_index, prompts[t.prompt_index])) for t in trees]
 
 
 def _episode_of_tree(tree: Tree, episode_id: str) -> Episode:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from treegym.agents.experts import expert
 from treegym.envs.household.catalogue import CAN_CONTAIN, LAMP_HOSTS, OPENABLE
+from treegym.envs.household.env import TextHouseholdEnv
 from treegym.envs.household.listing import split_observation
 from treegym.envs.household.planner import next_command
 from treegym.envs.household.tasks import TEMPLATES, Task, make_task
@@ -177,3 +179,16 @@ class HouseholdOracle:
                 if action is not None:
                     state, _ = apply(world, state, action)
         return next_command(world, state) or "look"
+
+
+# ---- the household env's experts (``treegym.agents.experts``): each plays to the episode's end ----
+
+
+@expert("heuristic", TextHouseholdEnv)
+def heuristic_expert(max_turns: int | None) -> HouseholdHeuristic:
+    return HouseholdHeuristic()
+
+
+@expert("oracle", TextHouseholdEnv)
+def oracle_expert(max_turns: int | None) -> HouseholdOracle:
+    return HouseholdOracle()

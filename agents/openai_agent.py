@@ -28,7 +28,6 @@ from typing import Any
 import requests
 
 from treegym.agents.base import Message
-from treegym.agents.policy import STOP_STRINGS
 from treegym.errors import ConfigError, TreegymError
 
 
@@ -83,7 +82,7 @@ class OpenAIChatAgent:
         backoff: float = 0.5,
         temperature: float = 0.0,
         max_tokens: int = 512,
-        stop: Sequence[str] = STOP_STRINGS,
+        stop: Sequence[str] = (),
         stream: bool = False,
     ) -> None:
         if retries < 1:

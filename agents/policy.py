@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-STOP_STRINGS = ("</search>", "</answer>", "</action>", "</browse>")
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -22,7 +20,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
-    stop: tuple[str, ...] = STOP_STRINGS
+    # Text that ends a turn besides EOS. The samplers add the env's own (``ForkableEnv.action_stops``,
+    # its family record's), so a turn in an env stops at that env's closing tags.
+    stop: tuple[str, ...] = ()
     seed: int | None = None
     # EOS does not end the turn: every turn is exactly max_new_tokens long (stop strings still
     # apply). For fixed-length workloads: probe tasks and throughput checks.

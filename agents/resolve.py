@@ -2,9 +2,9 @@
 
 Specs:
 
-- ``heuristic`` or ``oracle``: the scripted agent of that name that the env's family record lists
-  (``treegym.envs.registry.Family.experts``: e.g. ``HeuristicQAAgent`` on the QA envs, the
-  household heuristic on TextHousehold).
+- ``heuristic``, ``oracle`` (any name in ``treegym.agents.experts``): the scripted expert of that
+  name registered for the env's class (e.g. ``HeuristicQAAgent`` on the QA envs, the household
+  heuristic on TextHousehold).
 - ``smollm2`` or a local HF model folder: an ``HFPolicy`` (a token-level policy).
 - ``openai:URL`` or ``openai:URL#model``: an OpenAI-compatible chat agent.
 - ``rank:smollm2`` or ``rank:MODEL_FOLDER``: ``ActionRanker``, which plays the listed command
@@ -15,16 +15,17 @@ Specs:
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from treegym.agents.base import Agent
+from treegym.agents.experts import expert_names, make_expert
 from treegym.agents.policy import Policy, SamplingParams
+from treegym.envs.registry import family
 from treegym.errors import ConfigError
-
-SCRIPTED = ("heuristic", "oracle")
+from treegym.specs import load_object
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,11 @@ def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = Non
     if not spec:
         raise ConfigError("empty agent spec; use heuristic, oracle, smollm2, a model folder, openai:URL, rank:MODEL "
                           "or module:callable")
-    if spec in SCRIPTED:
-        return ResolvedAgent(spec, scripted_agent(spec, env_id))
+    if spec in expert_names():
+        return ResolvedAgent(spec, make_expert(env_id, spec))
     if spec.startswith("openai:"):
-        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model))
+        stops = family(env_id).action_stops or ()  # the env's own turn ends, from its family record
+        return ResolvedAgent(spec, openai_agent(spec[len("openai:") :], params=params, model=model, stop=stops))
     if spec.startswith("rank:"):
         from treegym.agents.ranking import ActionRanker
 
@@ -69,19 +71,10 @@ def resolve_agent(spec: str, env_id: str, *, params: SamplingParams | None = Non
     )
 
 
-def scripted_agent(name: str, env_id: str) -> Any:
-    """A new scripted agent ``name`` of ``env_id``'s family (its record's ``experts``)."""
-    from treegym.envs.registry import family
-
-    experts = family(env_id).experts
-    if name not in experts:
-        raise ConfigError(f"no scripted {name} agent for {env_id} (its family lists: {', '.join(experts) or 'none'})")
-    return import_agent(experts[name])
-
-
-def openai_agent(target: str, *, params: SamplingParams | None = None, model: str | None = None) -> Any:
-    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent`` sampling with ``params`` (default: its own);
-    ``#model`` wins over ``model``."""
+def openai_agent(target: str, *, params: SamplingParams | None = None, model: str | None = None,
+                 stop: Sequence[str] = ()) -> Any:
+    """``URL`` or ``URL#model`` -> an ``OpenAIChatAgent`` sampling with ``params`` (default: its own)
+    and ending a turn at ``stop``; ``#model`` wins over ``model``."""
     url, _, named = target.partition("#")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"openai agent needs an http(s) URL, e.g. openai:http://127.0.0.1:8000/v1#model; got {url!r}")
@@ -90,21 +83,18 @@ def openai_agent(target: str, *, params: SamplingParams | None = None, model: st
     except ImportError as exc:
         raise ConfigError(f"the OpenAI-compatible agent is not available: {exc}") from exc
     sampling = {} if params is None else {"temperature": params.temperature, "max_tokens": params.max_new_tokens}
-    return OpenAIChatAgent(url, model=named or model or None, **sampling)
+    return OpenAIChatAgent(url, model=named or model or None, stop=stop, **sampling)
 
 
 def import_agent(spec: str) -> Any:
     """``module:attr`` -> the attribute (a class is instantiated with no arguments)."""
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        obj = load_object(spec)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r} for agent {spec!r}: {exc}") from exc
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{module_name!r} has no attribute {attr!r} (agent {spec!r})")
-        obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"{module_name!r} has no attribute {attr!r} (agent {spec!r})") from None
     if isinstance(obj, type):
         try:
             obj = obj()

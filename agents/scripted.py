@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from treegym.agents.base import Message
+from treegym.agents.experts import expert
+from treegym.envs.qa_env import QAEnv
 from treegym.retrieval_index.scoring import normalize_answer
 
 GIVE_UP = "unknown"
@@ -318,3 +320,21 @@ def provable_answer(
             if key == normalize_answer(doc.title) or re.search(rf"(?<!\w){re.escape(key)}(?!\w)", normalize_answer(doc.text)):
                 return answer
     return None
+
+
+# ---- the QA envs' experts (``treegym.agents.experts``) ----------------------------------------
+
+
+@expert("heuristic", QAEnv)
+def heuristic_expert(max_turns: int | None) -> HeuristicQAAgent:
+    """The heuristic, leaving the last of ``max_turns`` turns for its answer: searches beyond the
+    budget would truncate the episode before the answer, and an episode without one teaches nothing."""
+    agent = HeuristicQAAgent()
+    if max_turns is not None:
+        agent.max_searches = max(1, min(agent.max_searches, max_turns - 1))
+    return agent
+
+
+@expert("oracle", QAEnv)
+def oracle_expert(max_turns: int | None) -> OracleQAAgent:
+    return OracleQAAgent()

@@ -23,8 +23,9 @@ import torch
 from treegym.agents.chat import chat_prompt_ids, text_ids
 from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.models import load_model
-from treegym.agents.policy import STOP_STRINGS, SamplingParams
+from treegym.agents.policy import SamplingParams
 from treegym.envs.react import format_information
+from treegym.envs.tree_search_qa import TreeSearchQAEnv
 from treegym.retrieval_index.corpus import wiki_documents
 from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 from treegym.retrieval_index.types import Hit
@@ -49,7 +50,7 @@ def run_tree_workload(policy: HFPolicy, args: argparse.Namespace) -> tuple[float
     def turn(contexts: list[list[int]], obs: list[int]) -> list[list[int]]:
         nonlocal seed
         seed += 1
-        params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=STOP_STRINGS, seed=seed)
+        params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=TreeSearchQAEnv.action_stops, seed=seed)
         gens = policy.generate(contexts, params)
         return [c + list(g.token_ids) + obs for c, g in zip(contexts, gens)]
 

@@ -9,6 +9,8 @@ prints side by side, per 1,000 generated tokens:
 - action tokens whose advantage is not 0, and the mean |advantage| (PPO) or |r* - 1|
   (TreeOPSD's step weight) over all action tokens.
 
+Advantages and the teacher map take the training config's defaults (``TrainConfig()``: TreeOPSD
+blended with the outcome advantage, λ = 0.5, ε = 1), so the figures describe what a run trains.
 This is where an equal-token comparison is decided before any update: more trajectories per
 token only help if they are different trajectories with different outcomes.
 
@@ -35,7 +37,10 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
     from treegym.envs.probe_model import build_probe_model
     from treegym.study.grid import TASKS
     from treegym.trainers.algorithms import get_algorithm
+    from treegym.trainers.config import TrainConfig
     from treegym.trainers.losses import teacher_ratio
+
+    cfg = TrainConfig()  # each algorithm's advantage and teacher map at the config's defaults, as trained
 
     task = TASKS[task_name]
     env = gym.make(task.env, horizon=task.horizon, choices=task.choices).unwrapped
@@ -56,7 +61,8 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
         t0 = time.perf_counter()
         with torch.no_grad():
             batch = sample(ps)
-        adv = get_algorithm(algo).advantage(batch.rollouts)
+        algorithm = get_algorithm(algo)
+        adv = algorithm.advantage(batch.rollouts, **algorithm.advantage_options(cfg))
         tokens = batch.budget.generated_tokens
         trees = {(t.prompt_index, t.tree_index): t for t in batch.trees}
         moves = {(r.prompt_index, tuple(_first_word(trees[(r.prompt_index, r.tree_index)].nodes[i].turn.action_text)
@@ -68,7 +74,7 @@ def measure(task_name: str, budget: int, prompts: int, seed: int) -> list[dict[s
             groups[r.prompt_index] = groups.get(r.prompt_index, False) or bool((a[mask] != 0).any())
             action += int(mask.sum())
             nonzero += int((a[mask] != 0).sum())
-            w = (teacher_ratio(a[mask]) - 1).abs() if algo == "treeopsd" else a[mask].abs()
+            w = (teacher_ratio(a[mask], cfg.loss.beta, cfg.loss.eps) - 1).abs() if algo == "treeopsd" else a[mask].abs()
             weight += float(w.sum())
         per_k = 1000 / max(tokens, 1)
         rows.append({

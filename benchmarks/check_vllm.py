@@ -58,8 +58,9 @@ def main() -> int:
 
     from treegym.agents.chat import chat_prompt_ids, text_ids
     from treegym.agents.models import load_model
-    from treegym.agents.policy import STOP_STRINGS, SamplingParams
+    from treegym.agents.policy import SamplingParams
     from treegym.agents.vllm_policy import VLLMPolicy
+    from treegym.envs.tree_search_qa import TreeSearchQAEnv
     from treegym.retrieval_index.qa_files import SEARCH_R1_PROMPT
 
     failures: list[str] = []
@@ -73,7 +74,7 @@ def main() -> int:
     )
     openings = ["<think>", "<think> I need", "<search>", "<think> The novel"]
     contexts = [prompt + text_ids(tok, openings[i % len(openings)]) for i in range(args.batch)]
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, stop=STOP_STRINGS, seed=1)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens, stop=TreeSearchQAEnv.action_stops, seed=1)
 
     t0 = time.perf_counter()
     gens = policy.generate(contexts, params)
@@ -99,7 +100,7 @@ def main() -> int:
         failures.append(f"log-probs differ from transformers (mean {mean_diff:.3f}, max {max_diff:.3f})")
 
     # 2. stop strings.
-    stopped = [g for g in gens if g.finish_reason == "stop" and any(g.text.endswith(s) for s in STOP_STRINGS)]
+    stopped = [g for g in gens if g.finish_reason == "stop" and any(g.text.endswith(s) for s in TreeSearchQAEnv.action_stops)]
     print(f"turns ended by a stop string: {len(stopped)}/{len(gens)}")
     bad = [g for g in gens if g.finish_reason == "length" and len(g.token_ids) != args.max_new_tokens]
     if bad:

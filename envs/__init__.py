@@ -21,7 +21,7 @@ from treegym.envs.core import (
 )
 from treegym.envs.pool import EnvPool
 from treegym.envs.registry import (
-    ENV_IDS,
+    FAMILIES,
     VARIANTS,
     Family,
     family,
@@ -129,7 +129,7 @@ def restore(env: gym.Env, snap: Snapshot) -> None:
 
 
 __all__ = [
-    "ENV_IDS",
+    "FAMILIES",
     "EnvPool",
     "Family",
     "ForkableEnv",

@@ -8,7 +8,7 @@ from typing import TextIO
 
 import gymnasium as gym
 
-from treegym.envs import ENV_IDS, make
+from treegym.envs import FAMILIES, make
 from treegym.envs.core import ForkableEnv, Snapshot
 from treegym.options import parse_kwargs
 
@@ -90,7 +90,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         description="Play an env in the terminal: you type the model's turns and see exactly the text it would see.",
         epilog="example: treegym play TreeSearchQA-v0 corpus_limit=500 split=dev",
     )
-    p.add_argument("env_id", help=f"one of {', '.join(ENV_IDS)}")
+    p.add_argument("env_id", help=f"one of {', '.join(FAMILIES)}")
     p.add_argument("kwargs", nargs="*", help="env arguments as key=value (values parsed as JSON when possible)")
     p.add_argument("--seed", type=int, default=None, help="seed for the first reset")
     p.set_defaults(func=_cmd_play)

@@ -154,8 +154,9 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
 
     tools: dict[str, Tool]
     state: StateT | None = None
-    # Text that ends an agent's turn in this env's protocol, besides the samplers' own tag stops
-    # (e.g. a household command is one line without commas). Samplers add these to their stops.
+    # Text that ends an agent's turn in this env's protocol: its closing tags (``</search>``), or a
+    # household command's end of line. The family record reads it (``Family.action_stops``) and
+    # the samplers add it to their stops; no table elsewhere lists an env's stops.
     action_stops: tuple[str, ...] = ()
     # The info keys that hold the task's labels (gold answers, supporting ids): for the env's
     # own scoring and in-process helpers only; ``treegym.envs.public_info`` drops them from

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from treegym.envs.core import ForkableEnv, Plan, StepResult, ToolCall, require_running
+from treegym.envs.registry import Family, register_family
 from treegym.errors import ConfigError
 
 TURN_MARKS = tuple(str(i) for i in range(1, 17))  # Lock's observation: the number of the next turn
@@ -259,9 +260,13 @@ class ProbeMazeEnv(ProbeEnv):
         return "(not reset)" if s is None else f"turn {s.turn}/{self.horizon}, door {s.correct + 1} of {self.doors}"
 
 
-PROBE_IDS = {
-    "ProbeKeys-v0": "treegym.envs.probes:ProbeKeysEnv",
-    "ProbeLock-v0": "treegym.envs.probes:ProbeLockEnv",
-    "ProbeLookup-v0": "treegym.envs.probes:ProbeLookupEnv",
-    "ProbeMaze-v0": "treegym.envs.probes:ProbeMazeEnv",
+# Each probe is a family of its own, with no training defaults and no expert: the study sets its
+# shape (horizon, choices) per task (``treegym.study.grid``).
+PROBE_IDS: dict[str, type[ForkableEnv]] = {
+    "ProbeKeys-v0": ProbeKeysEnv,
+    "ProbeLock-v0": ProbeLockEnv,
+    "ProbeLookup-v0": ProbeLookupEnv,
+    "ProbeMaze-v0": ProbeMazeEnv,
 }
+for _id, _cls in PROBE_IDS.items():
+    register_family(Family(id=_id, entry_point=f"{_cls.__module__}:{_cls.__qualname__}"))

@@ -1,28 +1,26 @@
-"""The one way treegym makes an env: each family's record, its registered ids and variants, splits,
-and the factory that train, eval, play and SFT all call.
+"""The one way treegym makes an env: the ``Family`` record type and the registry of families, their
+ids and variants, splits, and the factory that train, eval, play and SFT all call.
 
-An env family declares its settings once, in a ``Family`` record registered with it
-(``register_family``): the policy's turn budget and turn length, the scripted experts and the one a
-warm start imitates, the training variant, and the name of its score. Its splits, held-out split
-and action stops are the env class's own (``splits``, ``eval_split``, ``action_stops``), and the
-record reads them from there. ``treegym train``, ``sft``, ``eval`` and ``play`` read the record;
-nothing above this layer keeps a per-env table. A new family is its own files plus one
-``register_family`` call.
+An env family declares its settings once, in a ``Family`` record that its own module registers
+(``register_family``, at the bottom of ``tree_search_qa.py``, ``web_search_qa.py``,
+``household/env.py``, ``probes.py``): the policy's turn budget and turn length, the name of the
+scripted expert a warm start imitates (the experts are registered beside their agents,
+``treegym.agents.experts``), the training variant, and the name of its score. Its splits, held-out
+split and action stops are the env class's own (``splits``, ``eval_split``, ``action_stops``), and
+the record reads them from there. ``treegym train``, ``sft``, ``eval`` and ``play`` read the
+record; nothing above this layer keeps a per-env table. A new family is its own files plus one
+``register_family`` call in them.
 
 A per-use default is a registered variant with its kwargs, as Gymnasium does it (``FrozenLake8x8``
 is ``FrozenLake`` with ``map_name="8x8"``): ``TreeSearchQA-Train-v0`` is ``TreeSearchQA-v0`` on BM25
-(builds in seconds, no embedder forward per query: what a 2-core run can afford) scored with
-Tree-GRPO's format-aware table, ``WebSearchQA-Train-v0`` is ``WebSearchQA-v0`` with that table, and
-``TextHousehold-Train-v0`` takes 0.1 off each inadmissible command (verl-agent's ALFWorld penalty)
-and lists the admissible commands in every observation (verl-agent's ALFWorld layout, capped).
-The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation reads
+scored with Tree-GRPO's format-aware table, and each family's record says what its own variant
+changes. The trainer asks ``training_id(env_id)`` for the variant to train on; evaluation reads
 ``info["em"]``/``info["success"]``, so the shaping never reaches a reported score.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,16 +30,17 @@ from typing import Any
 import gymnasium as gym
 
 from treegym.errors import ConfigError, TreegymError
+from treegym.specs import load_object
 
 
 @dataclass(frozen=True)
 class Family:
     """One env family's settings, declared once and read by every command.
 
-    ``None`` in a training default means "the trainer's own default". ``experts`` maps a name
-    (``heuristic``, ``oracle``) to the ``module:attr`` of a scripted agent, loaded by
-    ``treegym.agents.resolve`` the way ``entry_point`` is. ``splits``, ``eval_split`` and
-    ``action_stops`` are left None here and filled from the env class by ``family()``.
+    ``None`` in a training default means "the trainer's own default". ``expert`` is a name
+    (``heuristic``) that ``treegym.agents.experts`` resolves for the env's class: a family names
+    its expert and never imports it. ``splits``, ``eval_split`` and ``action_stops`` are left None
+    here and filled from the env class by ``family()``.
     """
 
     id: str  # the base id, e.g. "TextHousehold-v0"
@@ -52,20 +51,17 @@ class Family:
     warm_start_episodes: int | None = None
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
-    experts: Mapping[str, str] = field(default_factory=dict)
-    expert: str | None = None  # the expert a warm start imitates (a key of ``experts``)
+    expert: str | None = None  # the name of the expert a warm start imitates (``treegym.agents.experts``)
     training: str | None = None  # the id of the variant the family trains on
     training_kwargs: Mapping[str, Any] = field(default_factory=dict)
     score: str = "success"  # what its held-out score is called ("EM" on QA envs)
+    tools: str | None = None  # its tool set in adapters (TRL: ``treegym.integrations.trl.TOOL_SETS``); None: one step tool
     splits: tuple[str, ...] | None = None
     eval_split: str | None = None
     action_stops: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "experts", MappingProxyType(dict(self.experts)))
         object.__setattr__(self, "training_kwargs", MappingProxyType(dict(self.training_kwargs)))
-        if self.expert is not None and self.expert not in self.experts:
-            raise ValueError(f"family {self.id}: its expert {self.expert!r} is not one of its experts {list(self.experts)}")
 
 
 FAMILIES: dict[str, Family] = {}
@@ -87,52 +83,17 @@ def register_family(fam: Family) -> Family:
     return fam
 
 
-_QA_EXPERTS = {"heuristic": "treegym.agents.scripted:HeuristicQAAgent", "oracle": "treegym.agents.scripted:OracleQAAgent"}
-
-register_family(Family(
-    id="TreeSearchQA-v0", entry_point="treegym.envs.tree_search_qa:TreeSearchQAEnv",
-    max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24,
-    experts=_QA_EXPERTS, expert="heuristic", score="EM",
-    training="TreeSearchQA-Train-v0", training_kwargs={"index": "bm25", "format_score": True},
-))
-register_family(Family(
-    id="WebSearchQA-v0", entry_point="treegym.envs.web_search_qa:WebSearchQAEnv",
-    max_turns=3, max_new_tokens=48,  # search, browse, answer
-    experts=_QA_EXPERTS, expert="heuristic", score="EM",
-    training="WebSearchQA-Train-v0", training_kwargs={"format_score": True},
-))
-register_family(Family(
-    # 128 heuristic episodes (about 90 solved in 10 turns and kept), chosen on 32 tuning tasks that
-    # the run does not report (benchmarks/tune_warm_start.py): 64 / 128 / 192 episodes gave success
-    # 0.0% / 3.1% / 0.0% and well-formed actions 83% / 67% / 68%, in 180 / 323 / 485 s of SFT. That
-    # was on ALFWorld's plain text; with the listed commands an episode is 2.8x longer (median 1,498
-    # SmolLM2 tokens over 10 turns, against 536), hence the 2,048-token context, and the episode
-    # count was not re-tuned (docs/household.md).
-    id="TextHousehold-v0", entry_point="treegym.envs.household.env:TextHouseholdEnv",
-    max_turns=10, max_new_tokens=16, max_context_tokens=2048, warm_start_episodes=128,
-    # One rollout per forward: with the listed commands an episode is ~1,500 tokens, and a padded
-    # micro-batch takes SDPA's masked path on the CPU, which keeps every layer's attention (11.5 GB
-    # at 4 x 1,500 tokens); the loss is the same.
-    micro_batch_size=1, also_eval_split="unseen",
-    experts={"heuristic": "treegym.agents.household:HouseholdHeuristic",
-             "oracle": "treegym.agents.household:HouseholdOracle"},
-    expert="heuristic", score="success",
-    # The listing's cap is spelt out so that it is part of every warm start's cache key.
-    training="TextHousehold-Train-v0",
-    training_kwargs={"invalid_penalty": 0.1, "list_admissible": True, "list_top_n": 10, "list_max_tokens": 96},
-))  # fmt: skip
-
-ENV_IDS = tuple(FAMILIES)
 
 
 def register_envs() -> None:
-    """Register treegym's probe envs with gymnasium (idempotent; the families register themselves
-    with ``register_family``)."""
-    from treegym.envs.probes import PROBE_IDS
+    """Register treegym's env families with gymnasium (idempotent): each family's module registers
+    its own record (``register_family``) when it is imported."""
+    # The product families first (the order every listing shows), then the probes.
+    from treegym.envs import tree_search_qa, web_search_qa  # noqa: F401
+    from treegym.envs.household import env  # noqa: F401
 
-    for env_id, entry_point in PROBE_IDS.items():
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+    # isort: split
+    from treegym.envs import probes  # noqa: F401
 
 
 def base_id(env_id: str) -> str:
@@ -184,7 +145,7 @@ def env_class(spec: str) -> Any:
         if not module or not name:
             raise ConfigError(f"env {spec!r}: expected a registered id or module:Class")
         try:
-            return getattr(importlib.import_module(module), name)
+            return load_object(spec)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"env {spec!r}: cannot import {name} from {module} ({exc})") from None
     register_envs()
@@ -192,10 +153,7 @@ def env_class(spec: str) -> Any:
         ours = ", ".join((*FAMILIES, *VARIANTS))
         raise ConfigError(f"env {spec!r} is not registered (treegym envs: {ours}); or pass module:Class")
     ep = gym.registry[spec].entry_point
-    if isinstance(ep, str):
-        module, _, name = ep.partition(":")
-        return getattr(importlib.import_module(module), name)
-    return ep
+    return load_object(ep) if isinstance(ep, str) else ep
 
 
 def task_ids(env: gym.Env) -> list[Any] | None:

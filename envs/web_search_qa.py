@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from treegym.envs.core import ToolCall
 from treegym.envs.qa_env import QAEnv, QAState
 from treegym.envs.react import ParsedAction
+from treegym.envs.registry import Family, register_family
 from treegym.envs.web.backends import SearchBackend, SearchResult, make_backend
 from treegym.envs.web.cache import ResponseCache, shared_cache
 from treegym.envs.web.guard import AddressGuard
@@ -154,6 +155,7 @@ class WebSearchQAEnv(QAEnv[WebState]):
     state_class = WebState
     prompt = WEB_PROMPT
     tags = TAGS
+    action_stops = tuple(f"</{t}>" for t in TAGS)  # a turn ends at its closing tag
     invalid_message = INVALID_WEB_ACTION
 
     def __init__(
@@ -249,3 +251,12 @@ class WebSearchQAEnv(QAEnv[WebState]):
 
     def episode_info(self, s: WebState) -> dict[str, Any]:
         return {"visited": [f"{u}#page={p}" for u, p in s.visited]}
+
+
+# The family's record: what train, sft, eval and play read for this env (``treegym.envs.registry``).
+register_family(Family(
+    id="WebSearchQA-v0", entry_point="treegym.envs.web_search_qa:WebSearchQAEnv",
+    max_turns=3, max_new_tokens=48,  # search, browse, answer
+    expert="heuristic", score="EM", tools="web",
+    training="WebSearchQA-Train-v0", training_kwargs={"format_score": True},
+))

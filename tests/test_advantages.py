@@ -100,13 +100,36 @@ def _rollout(prompt: int, tree: int, path: list[int], reward: float) -> Rollout:
 def test_treeopsd_gives_each_turn_its_credit_and_counts_shared_turns_once() -> None:
     # Tree: root -> 1 -> {2 (R=1), 3 (R=0)}; root -> 4 (R=1)
     rs = [_rollout(0, 0, [1, 2], 1.0), _rollout(0, 0, [1, 3], 0.0), _rollout(0, 0, [4], 1.0)]
-    out = treeopsd(rs)
+    out = treeopsd(rs, blend=1.0)
     # V(1) = .5, V(root) = .75 -> A(1) = -.25, A(2) = .5, A(3) = -.5, A(4) = .25
     assert out.advantages[0].tolist() == pytest.approx([0, 0, -0.25, 0, 0.5, 0])
     assert out.advantages[1].tolist() == pytest.approx([0, 0, -0.25, 0, -0.5, 0])
     assert out.advantages[2].tolist() == pytest.approx([0, 0, 0.25, 0])
     # Node 1 lies on two kept paths: its tokens weigh 1/2 in each.
     assert out.weights[0].tolist() == pytest.approx([1, 1, 0.5, 1, 1, 1])
+
+
+def test_treeopsd_prompt_root_is_valued_at_its_childrens_mean_like_every_node() -> None:
+    # Tree 0: root -> 1 -> {2 (R=1), 3 (R=0)}; tree 1: root -> 4 (R=1); one root for the prompt.
+    rs = [_rollout(0, 0, [1, 2], 1.0), _rollout(0, 0, [1, 3], 0.0), _rollout(0, 1, [4], 1.0)]
+    out = treeopsd(rs, root="prompt", blend=1.0)
+    # V(1) = .5, V(4) = 1, V(root) = their mean .75 (not the leaf mean 2/3): A(1) = -.25, A(4) = .25
+    assert out.advantages[0].tolist() == pytest.approx([0, 0, -0.25, 0, 0.5, 0])
+    assert out.advantages[2].tolist() == pytest.approx([0, 0, 0.25, 0])
+
+
+def test_adapter_keyword_defaults_are_the_configs() -> None:
+    import inspect
+
+    from treegym.trainers.advantages import tree_grpo
+    from treegym.trainers.algorithms import ALGORITHMS
+    from treegym.trainers.config import TrainConfig
+
+    cfg = TrainConfig()
+    for fn, algo in ((grpo, "grpo"), (tree_grpo, "tree-grpo"), (treeopsd, "treeopsd")):
+        params = inspect.signature(fn).parameters
+        for name, value in ALGORITHMS[algo].advantage_options(cfg).items():
+            assert params[name].default == value, (algo, name)
 
 
 def test_treeopsd_equal_rewards_give_zero_credit_with_std_normalisation() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
-from toy_env import toy_family
+from toy_env import ToyEnv, ToyExpert, toy_family
 
 from treegym.cli import main
 from treegym.envs import registry
@@ -66,10 +66,49 @@ def test_a_registered_toy_family_trains_sfts_and_evaluates_with_no_edit_elsewher
                  "--no-progress"]) == 0  # fmt: skip
 
 
+class ToyVariantEnv(ToyEnv):
+    """A subclass: it plays its parent's experts unless it registers its own under the name."""
+
+
+def test_the_toy_familys_expert_is_found_through_the_registry(toy_family_registered: registry.Family) -> None:
+    import dataclasses
+
+    from treegym.agents.experts import EXPERTS, experts_of, make_expert, warm_start_expert
+
+    fam = toy_family_registered
+    assert isinstance(make_expert(fam.id, "heuristic", 6), ToyExpert)
+    assert set(experts_of(fam.training)) == {"heuristic"} and warm_start_expert(fam.id) == "heuristic"
+    # The record names its expert; apart from its own entry point it holds no import string.
+    strings = [getattr(fam, f.name) for f in dataclasses.fields(fam) if f.name != "entry_point"]
+    assert not any(isinstance(v, str) and ":" in v for v in strings)
+    # A subclass plays its parent's experts, and its own registration wins for its name.
+    assert isinstance(make_expert("test_env_family:ToyVariantEnv", "heuristic"), ToyExpert)
+    EXPERTS[(ToyVariantEnv, "heuristic")] = lambda max_turns: "its own"
+    try:
+        assert make_expert("test_env_family:ToyVariantEnv", "heuristic") == "its own"
+    finally:
+        del EXPERTS[(ToyVariantEnv, "heuristic")]
+
+
+def test_every_familys_warm_start_expert_is_registered_for_its_env() -> None:
+    from treegym.agents.experts import warm_start_expert
+
+    for env_id, fam in registry.FAMILIES.items():
+        assert fam.expert is None or warm_start_expert(env_id) == fam.expert, env_id
+
+
+def test_each_env_owns_the_text_that_ends_its_turns() -> None:
+    from treegym.agents.policy import SamplingParams
+
+    assert registry.family("TreeSearchQA-v0").action_stops == ("</search>", "</answer>")
+    assert registry.family("WebSearchQA-v0").action_stops == ("</search>", "</browse>", "</answer>")
+    assert SamplingParams().stop == ()  # no table of every env's tags above the envs: samplers add the env's
+
+
 def test_the_household_family_plays_its_turn_budget_in_every_command() -> None:
     fam = registry.family("TextHousehold-v0")
     assert (fam.max_turns, fam.max_new_tokens, fam.expert, fam.training) == (10, 16, "heuristic", "TextHousehold-Train-v0")
-    assert fam.eval_split == "seen" and fam.splits == ("train", "seen", "unseen") and fam.action_stops == ("\n", ",")
+    assert fam.eval_split == "seen" and fam.splits == ("train", "seen", "unseen") and fam.action_stops == ("</action>", "\n", ",")
     for argv in (["--env", "TextHousehold-v0"], ["--env", "TextHousehold-Train-v0"]):
         cfg = load_config(None, [("env", argv[1])])
         assert (cfg.sampler.max_turns, cfg.sampler.max_new_tokens, cfg.warm_start_episodes) == (10, 16, 128)

@@ -255,9 +255,9 @@ def test_heuristic_parses_every_goal_template():
 
 
 def test_heuristic_agent_solves_most_tasks_from_the_text_alone():
-    from treegym.agents.resolve import scripted_agent
+    from treegym.agents.experts import make_expert
 
-    agent = scripted_agent("heuristic", "TextHousehold-v0")
+    agent = make_expert("TextHousehold-v0", "heuristic")
     env = TextHouseholdEnv(split="unseen")
     episodes = [run_episode(env, agent, options={"task_id": tid}) for tid in _sample("unseen", 3, seed=2)]
     assert all(ep.error is None for ep in episodes)
@@ -265,10 +265,10 @@ def test_heuristic_agent_solves_most_tasks_from_the_text_alone():
 
 
 def test_heuristic_searches_only_where_the_goal_object_can_be_and_number_one_first():
-    from treegym.agents.resolve import scripted_agent
+    from treegym.agents.experts import make_expert
     from treegym.envs.household.catalogue import CAN_CONTAIN
 
-    agent = scripted_agent("heuristic", "TextHousehold-v0")
+    agent = make_expert("TextHousehold-v0", "heuristic")
     env = TextHouseholdEnv(split="seen")
     checked = 0
     for tid in _sample("seen", 4, seed=5):
@@ -293,7 +293,7 @@ def test_heuristic_searches_only_where_the_goal_object_can_be_and_number_one_fir
 
 
 def test_heuristic_is_the_household_warm_start_expert_and_solves_most_tasks_in_its_turn_budget():
-    from treegym.agents.resolve import scripted_agent
+    from treegym.agents.experts import make_expert
     from treegym.envs.registry import family
     from treegym.trainers.config import load_config
     from treegym.trainers.sft_data import collect_episodes
@@ -304,7 +304,7 @@ def test_heuristic_is_the_household_warm_start_expert_and_solves_most_tasks_in_i
     turns = load_config(None, [("env", "TextHousehold-v0")]).sampler.max_turns
     env = TextHouseholdEnv(split="train")
     prompts = [{"task_id": t} for t in _sample("train", 5, seed=7)]
-    episodes = collect_episodes(env, scripted_agent("heuristic", "TextHousehold-v0"), prompts, max_turns=turns)
+    episodes = collect_episodes(env, make_expert("TextHousehold-v0", "heuristic"), prompts, max_turns=turns)
     assert len(episodes) == len(prompts)
     assert all(sum(m["role"] == "assistant" for m in ep.messages) <= turns for ep in episodes)
     solved = sum(ep.success for ep in episodes)

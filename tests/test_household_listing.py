@@ -107,14 +107,15 @@ def test_heuristic_success_is_unchanged_with_the_list_on() -> None:
 
 
 def test_warm_start_imitates_the_heuristic_choosing_from_the_listed_commands() -> None:
+    from treegym.agents.experts import make_expert
     from treegym.envs.registry import family
     from treegym.trainers.config import load_config
     from treegym.trainers.prompts import make_env
-    from treegym.trainers.sft_data import collect_episodes, make_expert
+    from treegym.trainers.sft_data import collect_episodes
 
     cfg = load_config(None, [("env", "TextHousehold-v0")])
     env = make_env(cfg, cfg.run.train_split)  # what the warm start collects on
-    expert = make_expert(family(cfg.env).expert, cfg.env, cfg.sampler.max_turns)
+    expert = make_expert(cfg.env, family(cfg.env).expert, cfg.sampler.max_turns)
     episodes = collect_episodes(env, expert, [{"task_id": f"train-{i}"} for i in range(6)], max_turns=cfg.sampler.max_turns)
     assert any(ep.success for ep in episodes)
     for ep in episodes:

@@ -34,6 +34,7 @@ from treegym.integrations.trl import (  # noqa: E402
     grpo_kwargs,
     task_dataset,
     tool_calling_tokenizer,
+    tools_for,
 )
 
 KEYS = {"horizon": 2, "choices": 2}  # ProbeKeys: say the turn's key (A or B), 0.5 per right turn
@@ -285,6 +286,9 @@ def test_each_env_family_gets_its_own_typed_documented_tools() -> None:
     assert type(environment_factory("TreeSearchQA-v0", **QA_KW)()) is QATools
     assert type(environment_factory("TextHousehold-v0")()) is HouseholdTools
     assert type(environment_factory("ProbeKeys-v0")()) is TRLEnv
+    # The tool set is the one the family record names (no isinstance table in the adapter).
+    assert [tools_for(i) for i in ("WebSearchQA-v0", "TreeSearchQA-Train-v0", "ProbeKeys-v0")] == [WebTools, QATools,
+                                                                                                   TRLEnv]
     assert tool_names(QATools) == ["answer", "search"]
     assert tool_names(WebTools) == ["answer", "browse", "search"]
     assert tool_names(HouseholdTools) == ["command"]

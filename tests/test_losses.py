@@ -62,6 +62,36 @@ def test_teacher_ratio_is_bounded_and_one_at_zero_credit() -> None:
     assert r.tolist() == pytest.approx([1.0, math.exp(0.05), 1.2, 0.8], rel=1e-6)
 
 
+def test_loss_keyword_defaults_are_the_configs() -> None:
+    import inspect
+
+    from treegym.trainers.algorithms import ALGORITHMS
+    from treegym.trainers.config import TrainConfig
+
+    cfg = TrainConfig()
+    for algo in ("grpo", "treeopsd"):
+        params = inspect.signature(ALGORITHMS[algo].loss).parameters
+        for name, value in ALGORITHMS[algo].loss_options(cfg).items():
+            if name != "dual_clip":  # the config writes "off" as 0, the loss as None
+                assert params[name].default == value, (algo, name)
+    assert inspect.signature(teacher_ratio).parameters["eps"].default == cfg.loss.eps
+
+
+def test_treeopsd_loss_stays_finite_where_the_teacher_ratio_underflows_to_zero() -> None:
+    # With ε >= 1 there is no lower clip, and exp(-120) is 0 in float32: r*·log r* is 0·log 0.
+    adv = torch.tensor([[-120.0, 0.5]])
+    assert teacher_ratio(adv, beta=1.0, eps=1.0)[0, 0] == 0.0
+    theta, actions = _policy(2)
+    logp = _logp(theta, actions)
+    out = treeopsd_loss(logp, logp.detach(), adv, torch.ones(1, 2), beta=1.0, eps=1.0)
+    (grad,) = torch.autograd.grad(out.loss, theta)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert all(torch.isfinite(v) for v in out.metrics.values())
+    # At r = 1 each token adds r*·log r* - r* + 1: exactly 1 for the token the teacher gives no mass.
+    r = math.exp(0.5)
+    assert out.loss.item() == pytest.approx((1.0 + (r * 0.5 - r + 1.0)) / 2, rel=1e-5)
+
+
 def _policy(n: int, vocab: int = 5, seed: int = 0) -> tuple[torch.nn.Parameter, torch.Tensor]:
     # One independent categorical per token position, and one sampled action for each.
     g = torch.Generator().manual_seed(seed)

@@ -203,6 +203,7 @@ def test_eval_sends_max_new_tokens_temperature_and_model_to_an_openai_agent(open
     assert main(argv) == 0, capsys.readouterr().err
     assert len(bodies) == 2
     assert all((b["max_tokens"], b["temperature"], b["model"]) == (77, 0.5, "b") for b in bodies)
+    assert all(b["stop"] == ["</action>", "\n", ","] for b in bodies)  # the env's own stops, from its family
     url, bodies = openai_like(models=["a", "b"])
     assert main([*argv[:2], f"openai:{url}#a", *argv[3:]]) == 0  # URL#model wins over --model
     assert {b["model"] for b in bodies} == {"a"}

@@ -12,6 +12,7 @@ import torch
 
 import treegym  # noqa: F401  (registers the env ids)
 from treegym.agents.eval import TraceFormatError, Transcript, read_traces
+from treegym.agents.experts import ExpertError, make_expert
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.samplers import sample_chains
@@ -20,14 +21,7 @@ from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.config import SFTConfig, TrainConfig, load_config
 from treegym.trainers.logprobs import TokenScorer
 from treegym.trainers.sft import batch_nll, check_writable, run_sft, train_examples
-from treegym.trainers.sft_data import (
-    ExpertError,
-    SFTExample,
-    collect_episodes,
-    episode_example,
-    make_expert,
-    select_examples,
-)
+from treegym.trainers.sft_data import SFTExample, collect_episodes, episode_example, select_examples
 
 pytest_plugins = ["model_fixtures"]  # the session-scoped `smollm2` fixture
 
@@ -42,7 +36,7 @@ def qa_env() -> gym.Env:
 @pytest.fixture(scope="module")
 def expert_episodes(qa_env: gym.Env) -> list[Transcript]:
     ids = [it.id for it in qa_env.unwrapped.items[:3]]
-    return collect_episodes(qa_env, make_expert("heuristic", "TreeSearchQA-v0", 2), [{"task_id": t} for t in ids])
+    return collect_episodes(qa_env, make_expert("TreeSearchQA-v0", "heuristic", 2), [{"task_id": t} for t in ids])
 
 
 class ReplayPolicy:
@@ -189,9 +183,9 @@ def test_traces_from_eval_are_read_back(tmp_path: Path) -> None:
 
 def test_unknown_expert_and_env_without_expert_are_clear_errors() -> None:
     with pytest.raises(ExpertError, match="unknown expert 'genius'"):
-        make_expert("genius", "TreeSearchQA-v0", 2)
+        make_expert("TreeSearchQA-v0", "genius", 2)
     with pytest.raises(ExpertError, match="has no heuristic expert"):
-        make_expert("heuristic", "CartPole-v1", 2)
+        make_expert("CartPole-v1", "heuristic", 2)
 
 
 def test_unwritable_out_dir_is_a_clear_error(tmp_path: Path) -> None:

@@ -51,6 +51,42 @@ def test_final_weights_load_as_a_model_for_the_next_run(tiny_chat_model: Path, t
     assert (second / "final" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("env_id,extra", [("TextHousehold-v0", []),
+                                          ("TreeSearchQA-v0", ["--env_kwargs", '{"corpus_limit": 300}'])])
+def test_eval_of_a_runs_model_reproduces_its_after_rl_figure(env_id: str, extra: list[str], tiny_chat_model: Path,
+                                                            tmp_path: Path, capsys) -> None:
+    folder = _train(tmp_path, "--env", env_id, "--model", str(tiny_chat_model), "--steps", "1", "--warm_start=off",
+                    "--run.eval_n=4", "--sampler.max_new_tokens=6", "--sampler.max_turns=3", "--run.tensorboard=false",
+                    "--run.plots=false", "--run.trees_html=false", *extra)
+    after = json.loads((folder / "phases.json").read_text())["phases"]["after RL"]
+    protocol = json.loads((folder / "protocol.json").read_text())
+    assert (protocol["variant"], protocol["n"], protocol["max_turns"]) == (env_id.replace("-v0", "-Train-v0"), 4, 3)
+    capsys.readouterr()
+    # --n and --max-new-tokens are the base id's defaults; a run's model replays its run's protocol
+    assert main(["eval", "--agent", str(folder / "final"), "--env", env_id, "--n", "2", "--json",
+                 "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == after["n"] == 4
+    for key in ("success", "well_formed", "tool_calls"):
+        assert report[key]["mean"] == pytest.approx(after[key][0], abs=1e-12), key
+
+
+def test_train_runs_its_preflight_once(tiny_chat_model: Path, tmp_path: Path, monkeypatch) -> None:
+    from treegym.trainers import loop, prompts, recipe
+
+    calls: list[str] = []
+
+    def counted(cfg: TrainConfig) -> None:
+        calls.append(cfg.env)
+        prompts.preflight(cfg)
+
+    monkeypatch.setattr(recipe, "preflight", counted)
+    monkeypatch.setattr(loop, "preflight", counted)
+    _train(tmp_path, "--env", "TextHousehold-v0", "--model", str(tiny_chat_model), "--steps", "1",
+           "--run.eval_n=0", "--sampler.max_new_tokens=4", "--sampler.max_turns=2", "--run.tensorboard=false")
+    assert calls == ["TextHousehold-v0"]
+
+
 def test_warm_start_is_built_once_then_cached(tiny_chat_model: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("TREEGYM_HOME", str(tmp_path / "home"))
     args = ["--model", str(tiny_chat_model), "--steps", "1", "--warm_start=on", "--warm_start_episodes=4",

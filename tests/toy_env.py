@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from treegym.agents.experts import expert
 from treegym.envs.core import ForkableEnv, Plan, StepResult, ToolCall, require_running
 
 
@@ -85,11 +86,15 @@ class ToyExpert:
         return str(max(k for k in range(1, 8) if k * k <= left)) if left > 0 else "1"
 
 
+@expert("heuristic", ToyEnv)
+def toy_expert(max_turns: int | None) -> ToyExpert:
+    return ToyExpert()
+
+
 def toy_family() -> Any:
     """ToyEnv as an env family: its record is all a new family adds outside its own files."""
     from treegym.envs.registry import Family
 
     return Family(id="ToySquares-v0", entry_point="toy_env:ToyEnv", max_turns=6, max_new_tokens=4,
-                  max_context_tokens=512, warm_start_episodes=4, experts={"heuristic": "toy_env:ToyExpert"},
-                  expert="heuristic", training="ToySquares-Train-v0", training_kwargs={"max_turns": 6},
+                  max_context_tokens=512, warm_start_episodes=4, expert="heuristic", training="ToySquares-Train-v0", training_kwargs={"max_turns": 6},
                   score="success")

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
 from treegym.errors import ConfigError
-from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS, TREE_MODES
+from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS, TREE_MODES, AdvantageConfig
 
 EPS = 1e-6
+_DEFAULT = AdvantageConfig()  # keyword defaults: a direct call computes what a default run trains on
 
 
 # ---- the math ---------------------------------------------------------------------------------
@@ -142,12 +143,13 @@ def _prompts(rollouts: Sequence[Rollout]) -> Tensor:
     return torch.tensor([r.prompt_index for r in rollouts], dtype=torch.int64)
 
 
-def grpo(rollouts: Sequence[Rollout], *, use_std: bool = True) -> TokenAdvantages:
+def grpo(rollouts: Sequence[Rollout], *, use_std: bool = _DEFAULT.use_std) -> TokenAdvantages:
     """GRPO: every action token of a rollout gets its group-normalised reward (group = prompt)."""
     return _broadcast(rollouts, group_normalize(_rewards(rollouts), _prompts(rollouts), use_std=use_std))
 
 
-def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = "inter+intra", prefix_credit: str = "per_leaf") -> TokenAdvantages:
+def tree_grpo(rollouts: Sequence[Rollout], *, mode: str = _DEFAULT.tree_mode,
+              prefix_credit: str = _DEFAULT.prefix_credit) -> TokenAdvantages:
     """Tree-GRPO: the leaf's advantage applies to every action token on its root-to-leaf path.
 
     ``prefix_credit``: ``per_leaf`` (the reference) trains a turn shared by j kept leaves j
@@ -233,10 +235,10 @@ def tree_structure(
 def treeopsd(
     rollouts: Sequence[Rollout],
     *,
-    normalize_std: bool = False,
-    root: str = "tree",
-    fallback: bool = False,
-    blend: float = 1.0,
+    normalize_std: bool = _DEFAULT.normalize_std,
+    root: str = _DEFAULT.opsd_root,
+    fallback: bool = _DEFAULT.opsd_fallback,
+    blend: float = _DEFAULT.opsd_lambda,
     eps: float = EPS,
 ) -> TokenAdvantages:
     """TreeOPSD turn credit: back rewards up the tree, credit each turn by V(child) - V(parent).
@@ -250,14 +252,17 @@ def treeopsd(
       - ``root="tree"`` (the reading so far): each (prompt, tree) has its own virtual root,
         so a tree's first turn is credited against its own mean, which is 0 whenever the
         root was never expanded;
-      - ``root="prompt"``: the m trees of a prompt hang from one root whose value is the mean
-        reward of the prompt's kept leaves, the GRPO baseline (AgentOPSD's V0);
+      - ``root="prompt"``: the m trees of a prompt hang from one root, valued like every other
+        node by the mean of its children (the trees' first turns), so a tree's first turn is
+        credited against its sibling trees;
       - ``fallback``: a turn whose parent has one child (nothing to compare it with) gets
-        V(c) - V0 instead of 0, so an unbranched chain trains like GRPO;
-      - ``blend`` (λ): A = λ·credit + (1 - λ)·the rollout's prompt-level GRPO advantage
-        (AgentOPSD's λ = 0.5). A turn whose parent has one child has credit exactly 0, so with
-        λ = 1 it is not trained at all; the share of such turns is logged as
-        ``single_child_frac``.
+        V(c) - V0 instead of 0, V0 being the mean reward of the prompt's kept leaves (the GRPO
+        baseline, AgentOPSD's V0), so an unbranched chain trains like GRPO;
+      - ``blend`` (λ): A = λ·credit + (1 - λ)·the rollout's prompt-level GRPO advantage. The
+        default, λ = 0.5 (AgentOPSD's), is TreeOPSD blended with the outcome advantage; λ = 1 is
+        the turn credit alone (the study's ``treeopsd/credit-only``). A turn whose parent has
+        one child has credit exactly 0, so with λ = 1 it is not trained at all; the share of
+        such turns is logged as ``single_child_frac``.
     """
     if not 0.0 <= blend <= 1.0:
         raise ConfigError(f"treeopsd blend λ must be in [0, 1], got {blend}")
@@ -268,8 +273,6 @@ def treeopsd(
     rewards, prompts = _rewards(rollouts), _prompts(rollouts)
     v0 = {int(p): float(rewards[prompts == p].mean()) for p in prompts.unique()}
     prompt_value = torch.tensor([v0[int(p)] for p in prompt_of], dtype=torch.float64)
-    if root == "prompt":
-        value = torch.where(parent < 0, prompt_value, value)
     credit = turn_credit(parent, value)
     children = torch.zeros(len(parent), dtype=torch.int64).index_add_(
         0, parent.clamp(min=0), (parent >= 0).to(torch.int64))

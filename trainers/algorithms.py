@@ -5,8 +5,9 @@ algorithm's name.
 - ``grpo``: G independent chains per prompt; group-normalised outcome reward; PPO clip.
 - ``tree-grpo``: m trees per prompt grown by forking envs at agent turns (n nodes per round,
   l rounds, k leaves kept per tree); inter-tree + intra-tree normalised leaf reward; PPO clip.
-- ``treeopsd``: the same trees; backed-up turn credit V(child) - V(parent); a bounded
-  teacher-student divergence (see ``treegym.trainers.losses.treeopsd_loss``).
+- ``treeopsd``: the same trees; backed-up turn credit V(child) - V(parent), blended by default
+  with the outcome advantage (λ = ``advantage.opsd_lambda`` = 0.5); a bounded teacher-student
+  divergence (see ``treegym.trainers.losses.treeopsd_loss``).
 
 Each function reads its own options from the config (``advantage_options``, ``loss_options``),
 so an estimator or loss gets exactly the keywords it declares.

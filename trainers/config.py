@@ -79,10 +79,9 @@ class AdvantageConfig:
     use_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO)")
     normalize_std: bool = opt(False, "TreeOPSD: divide turn credit by the prompt group's reward std")
     prefix_credit: str = opt("per_leaf", "Tree-GRPO: train a shared turn once per kept leaf (reference) or once per turn", PREFIX_CREDITS)
-    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt valued at the mean leaf reward", OPSD_ROOTS)
+    opsd_root: str = opt("tree", "TreeOPSD: a virtual root per tree, or one per prompt (valued, like every node, at its children's mean)", OPSD_ROOTS)
     opsd_fallback: bool = opt(False, "TreeOPSD: a turn whose parent has one child gets V(c) - V(prompt) instead of 0")
-    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (AgentOPSD: 0.5)",
-                              at_most_one=True)
+    opsd_lambda: float = opt(0.5, "TreeOPSD: A = λ·turn credit + (1-λ)·the prompt-level GRPO advantage (0.5: AgentOPSD's blend; 1: credit only)", at_most_one=True)
 
 
 @dataclass
@@ -157,7 +156,7 @@ class SFTConfig:
     plays exactly the episodes RL will (the warm start: ``recipe.warm_start_config``)."""
 
     out: str = opt("runs/sft-smollm2", "treegym sft: the model folder to write")
-    expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or a name the family lists "
+    expert: str = opt("auto", "scripted expert to imitate: auto (the env family's), or the name of one registered for the env "
                       "(heuristic, oracle)")
     traces: str = opt("", "read episodes from this traces.jsonl (or its folder; `treegym eval --out DIR` writes one) "
                       "instead of running an expert")
@@ -366,7 +365,8 @@ def env_defaults_text() -> str:
     line, and a registered variant (``X-Train-v0``) gets its base env's."""
     lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
     for env_id in FAMILIES:
-        lines.append(f"  {env_id}: " + ", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items()))
+        lines.append(f"  {env_id}: " + (", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items())
+                                         or "(the trainer's own)"))
     lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
     for variant, (base, kwargs) in VARIANTS.items():
         lines.append(f"  {base} -> {variant}: " + ", ".join(f"{k}={v}" for k, v in kwargs.items()))

@@ -1,11 +1,11 @@
 """Held-out evaluation of a policy, per prompt, so that phases can be compared pairwise.
 
-One protocol, and one function (``evaluate_policy``), for every phase of a run (the untrained
-model, the warm start, the end of RL) and for SFT's before/after: one chain per held-out prompt
-(``treegym.agents.eval.chosen_prompts``: the set ``treegym eval --n`` plays), greedy by default,
-each scored as ``treegym eval`` scores it (``EpisodeScore``). The result keeps one score per
-prompt, in prompt order, so that two evaluations on the same prompts give a paired gain with its
-interval (``phase_summary``).
+One protocol (``run_protocol``, a ``treegym.agents.protocol.Protocol`` the run writes for ``treegym
+eval --agent RUN/final``) and one function (``evaluate_policy``) for every phase of a run (untrained,
+warm start, end of RL) and for SFT's before/after: one chain per held-out prompt (the set ``treegym
+eval --n`` plays), greedy by default, scored as ``treegym eval`` scores it (``EpisodeScore``). The
+result keeps one score per prompt, in prompt order, so that two evaluations on the same prompts
+give a paired gain with its interval (``phase_summary``).
 """
 
 from __future__ import annotations
@@ -16,15 +16,25 @@ from typing import Any
 
 import torch
 
-from treegym.agents.eval import chosen_prompts, progress_bar
+from treegym.agents.eval import progress_bar
 from treegym.agents.policy import Policy
-from treegym.agents.rollout.context import resolve_mode
-from treegym.agents.rollout.samplers import sample_chains
+from treegym.agents.protocol import Protocol, play_protocol
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
+from treegym.envs import registry as env_registry
 from treegym.stats import paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.prompts import sampling_params
+
+
+def run_protocol(cfg: TrainConfig, split: str | None = None, temperature: float | None = None) -> Protocol:
+    """A run's held-out protocol: its training variant and ``env_kwargs`` on ``split`` (``run.eval_split``), its first
+    ``run.eval_n`` tasks, the sampler's turns, tokens, context and cap, at ``temperature`` (``run.eval_temperature``)."""
+    s = cfg.sampler
+    return Protocol(variant=env_registry.training_id(cfg.env),
+                    split=env_registry.resolve_split(cfg.env, cfg.run.eval_split if split is None else split),
+                    n=cfg.run.eval_n, max_turns=s.max_turns, max_new_tokens=s.max_new_tokens, mode=s.context_mode,
+                    temperature=cfg.run.eval_temperature if temperature is None else temperature,
+                    env_kwargs=dict(cfg.env_kwargs), max_context_tokens=s.max_context_tokens, ignore_eos=s.ignore_eos)
 
 
 def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.device, *,
@@ -38,15 +48,13 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.de
     prompts x max_turns)."""
     if env is None:
         return None
-    s, mode = cfg.sampler, resolve_mode(cfg.sampler.context_mode, policy.tokenizer)
-    prompts = chosen_prompts(env, cfg.run.eval_n)[dist.rank :: dist.world]
-    params = sampling_params(cfg, temperature=cfg.run.eval_temperature if temperature is None else temperature, top_p=1.0)
+    protocol = run_protocol(cfg, temperature=temperature)  # its split is the env's, made by the caller
+    prompts = protocol.prompts(env)[dist.rank :: dist.world]
     local = None
     if prompts:
-        bar = progress_bar(len(prompts) * s.max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn", leave=False)
+        bar = progress_bar(len(prompts) * cfg.sampler.max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn", leave=False)
         with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16), bar:
-            batch = sample_chains(policy, env, prompts, 1, params, max_turns=s.max_turns, mode=mode,  # type: ignore[arg-type]
-                                  max_context_tokens=s.max_context_tokens, progress=bar)
+            batch = play_protocol(policy, env, prompts, protocol, progress=bar)
         local = heldout_from_batch(batch)
     return HeldOut.merge(parallel.gather_objects(local, dist)) if dist.on else local
 

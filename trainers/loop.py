@@ -46,7 +46,7 @@ from treegym.trainers.checkpoint import (
     save_policy,
 )
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.heldout import evaluate_policy
+from treegym.trainers.heldout import evaluate_policy, run_protocol
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
 from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
 from treegym.trainers.model import (
@@ -85,10 +85,12 @@ class TrainResult:
     also_after: HeldOut | None = None
 
 
-def train(cfg: TrainConfig, *, progress: bool = True) -> TrainResult:
-    """Run (or resume) the training described by ``cfg``; returns the run's summary."""
+def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> TrainResult:
+    """Run (or resume) the training described by ``cfg``; returns the run's summary. ``checked``:
+    the caller has run ``preflight(cfg)`` already (``treegym train`` does, before its warm start)."""
     t_start = time.time()
-    preflight(cfg)
+    if not checked:
+        preflight(cfg)
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
     folder: Path | None = None
     lock: RunLock | None = None
@@ -223,6 +225,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None, state=state, log=log,
               progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
+    if dist.main and cfg.run.eval_n:  # what `treegym eval --agent RUN/final` replays
+        run_protocol(cfg).write(folder)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:

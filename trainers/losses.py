@@ -14,7 +14,9 @@ import torch
 from torch import Tensor
 
 from treegym.errors import ConfigError
-from treegym.trainers.config import AGGREGATIONS
+from treegym.trainers.config import AGGREGATIONS, LossConfig
+
+_DEFAULT = LossConfig()  # the keyword defaults, written once there
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,11 @@ def ppo_clip_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip: float = 0.2,
-    dual_clip: float | None = 3.0,
+    clip: float = _DEFAULT.clip,
+    dual_clip: float | None = _DEFAULT.dual_clip,
     weights: Tensor | None = None,
-    agg: str = "token-mean",
-    constant: float | None = None,
+    agg: str = _DEFAULT.agg,
+    constant: float | None = _DEFAULT.constant_normalizer,
 ) -> LossOutput:
     """PPO's clipped surrogate, with dual clip for negative advantages.
 
@@ -114,11 +116,13 @@ def ppo_clip_loss(
     })
 
 
-def teacher_ratio(advantages: Tensor, beta: float = 1.0, eps: float = 0.2) -> Tensor:
+def teacher_ratio(advantages: Tensor, beta: float = _DEFAULT.beta, eps: float = _DEFAULT.eps) -> Tensor:
     """TreeOPSD's teacher map: the target ratio q/π_b = r* = clip(exp(A/β), 1-ε, 1+ε).
 
     This is the one place to change when the paper's exact teacher is known. It is the
-    bounded reweighting w(A) = exp(A/β) of the behaviour policy, with w(0) = 1.
+    bounded reweighting w(A) = exp(A/β) of the behaviour policy, with w(0) = 1. With ε ≥ 1 the
+    lower bound is gone, and below A/β ≈ -104 exp underflows: r* is exactly 0 (a teacher that
+    gives the token no mass), which ``treeopsd_loss`` handles.
     """
     return torch.clamp(torch.exp(advantages / beta), 1.0 - eps, 1.0 + eps)
 
@@ -129,11 +133,11 @@ def treeopsd_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    beta: float = 1.0,
-    eps: float = 0.2,
+    beta: float = _DEFAULT.beta,
+    eps: float = _DEFAULT.eps,
     weights: Tensor | None = None,
-    agg: str = "token-mean",
-    constant: float | None = None,
+    agg: str = _DEFAULT.agg,
+    constant: float | None = _DEFAULT.constant_normalizer,
 ) -> LossOutput:
     """TreeOPSD: generalised KL from a credit-reweighted teacher to the student.
 
@@ -147,14 +151,18 @@ def treeopsd_loss(
       the behaviour samples with r = π_θ/π_b per token:  r*·log(r*/r) - r* + r.
 
     Its gradient in log π_θ is (r - r*), so at r = 1 it is -(r* - 1)·∇log π_θ: the policy
-    gradient direction with weight (r* - 1), the tangent of the PG objective. Unlike PPO's
-    linear surrogate, it has a minimum at the finite target r = r*, so repeated epochs on one
-    batch stop there instead of running to the clip edge.
+    gradient direction with weight (r* - 1). That weight equals A/β only to first order
+    (exp(A/β) - 1 = A/β + O((A/β)²), before the clip), so the step is the policy gradient's only
+    for small A/β; and when ``sampler.distinct`` resamples sibling branches, the samples no longer
+    come from π_b, and the estimate is not the policy gradient at all. Unlike PPO's linear
+    surrogate, it has a minimum at the finite target r = r*, so repeated epochs on one batch
+    stop there instead of running to the clip edge.
     """
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     target = teacher_ratio(advantages, beta, eps).detach()
-    log_term = target * (torch.log(target) - log_ratio)  # r*·log(r*/r)
+    # r*·log(r*/r), with 0·log 0 = 0: r* is 0 where exp(A/β) underflows (ε ≥ 1)
+    log_term = torch.special.xlogy(target, target) - target * log_ratio
     linear_term = ratio - target  # -r* + r
     per_token = log_term + linear_term
     loss = aggregate(per_token if weights is None else per_token * weights, mask, agg, constant)

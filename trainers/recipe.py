@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from treegym.agents.experts import warm_start_expert
 from treegym.agents.models import load_model
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
@@ -60,10 +61,10 @@ def wants_warm_start(cfg: TrainConfig) -> bool:
     """``auto``: for the embedded model (which cannot write the action format) on an env with an expert."""
     if cfg.warm_start == "off":
         return False
-    has_expert = family(cfg.env).expert is not None  # the scripted expert the warm start imitates
+    has_expert = warm_start_expert(cfg.env) is not None  # the scripted expert the warm start imitates
     if cfg.warm_start == "on":
         if not has_expert:
-            have = ", ".join(f.id for f in FAMILIES.values() if f.expert)
+            have = ", ".join(env_id for env_id in FAMILIES if warm_start_expert(env_id))
             raise ConfigError(f"warm_start=on: env {cfg.env!r} has no scripted expert (those that do: {have})")
         return True
     return cfg.model.lower() == "smollm2" and has_expert
@@ -148,7 +149,7 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     if wants_warm_start(cfg):
         ws = warm_start(cfg, progress=progress, log=print if main else (lambda *_: None))
         cfg.model = str(ws.folder)
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, checked=True)  # preflight ran above, once
     if not main:
         return None
     if not cfg.run.keep_checkpoints:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from treegym.agents.eval import progress_bar, read_traces
+from treegym.agents.experts import ExpertError, make_expert
 from treegym.agents.rollout.context import TokenContext, resolve_mode
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs import registry as env_registry
@@ -30,7 +31,7 @@ from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
 from treegym.trainers.model import load_trainable_model, make_policy
 from treegym.trainers.prompts import make_env, train_prompts
-from treegym.trainers.sft_data import ExpertError, SFTExample, collect_episodes, make_expert, select_examples
+from treegym.trainers.sft_data import SFTExample, collect_episodes, select_examples
 
 SFT_META = "sft.json"
 
@@ -188,7 +189,7 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
         source = f"traces {sft.traces}"
     else:
         name = expert_name(cfg)
-        expert = make_expert(name, cfg.env, s.max_turns)
+        expert = make_expert(cfg.env, name, s.max_turns)
         env = make_env(cfg, cfg.run.train_split)
         prompts = train_prompts(env_registry.task_ids(env), cfg.seed, 0, sft.episodes)
         episodes = collect_episodes(env, expert, prompts, progress, max_turns=s.max_turns)

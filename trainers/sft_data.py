@@ -18,16 +18,8 @@ from typing import Any
 import gymnasium as gym
 
 from treegym.agents.eval import Transcript, play_episodes, progress_bar
-from treegym.agents.resolve import scripted_agent
 from treegym.agents.rollout.context import TokenContext
-from treegym.agents.scripted import HeuristicQAAgent
 from treegym.envs.core import success
-from treegym.envs.registry import family
-from treegym.errors import ConfigError
-
-
-class ExpertError(ConfigError):
-    """The expert is unknown, or the env has none."""
 
 
 @dataclass(frozen=True)
@@ -45,23 +37,6 @@ class SFTExample:
 
 
 # ---- collecting ------------------------------------------------------------------------------
-
-
-def make_expert(name: str, env_id: str, max_turns: int) -> Any:
-    """The scripted ``name`` expert of ``env_id`` (one its family record lists), fitted to a
-    budget of ``max_turns`` turns."""
-    experts = family(env_id).experts
-    if not experts:
-        raise ExpertError(f"env {env_id!r} has no {name} expert (its family lists none); "
-                          "pass --traces from `treegym eval --out`")
-    if name not in experts:
-        raise ExpertError(f"unknown expert {name!r} for {env_id}; choose one of: {', '.join(experts)}")
-    agent = scripted_agent(name, env_id)
-    if isinstance(agent, HeuristicQAAgent):
-        # Searches beyond the budget would truncate the episode before the answer, and an
-        # episode without an answer teaches nothing; keep one turn for it.
-        agent.max_searches = max(1, min(agent.max_searches, max_turns - 1))
-    return agent
 
 
 def collect_episodes(env: gym.Env, expert: Any, prompts: Sequence[Any], progress: bool = False,

@@ -33,7 +33,6 @@ The built-in rules:
 
 from __future__ import annotations
 
-import importlib
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 
 from treegym.agents.rollout.types import Tree, Turn
 from treegym.errors import ConfigError
+from treegym.specs import load_object
 
 Choice = tuple[int, int]  # (position of the tree in the forest, node id)
 
@@ -88,9 +88,8 @@ def get_rule(spec: str | BranchRule) -> BranchRule:
     if spec in RULES:
         return RULES[spec]
     if ":" in spec:
-        module, _, attr = spec.partition(":")
         try:
-            fn = getattr(importlib.import_module(module), attr)  # a user-supplied spec
+            fn = load_object(spec)  # a user-supplied spec
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"branching rule {spec!r}: cannot import it ({exc})") from None
         if not callable(fn):

@@ -8,7 +8,7 @@ module maps a treegym episode onto that:
 
 - ``reset(**row)``: ``env.reset(seed=row["seed"], options={"task_id": row["task_id"]})``;
   returns the opening prompt, written for tool calls (see below).
-- the tools: each env family's own actions, typed and documented, so that the model's tool
+- the tools: each env family's own actions (the tool set its record names, ``Family.tools``), typed and documented, so that the model's tool
   calls are the env's actions (TRL steps the env only on a tool call: a plain-text
   ``<answer>`` would score 0):
 
@@ -40,15 +40,12 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium as gym
 
-from treegym.envs import base_env, fork, make, public_info
-from treegym.envs.household.env import TextHouseholdEnv
+from treegym.envs import base_env, family, fork, make, public_info
 from treegym.envs.household.text import INSTRUCTIONS as HOUSEHOLD_INSTRUCTIONS
-from treegym.envs.qa_env import QAEnv
-from treegym.envs.web_search_qa import WebSearchQAEnv
 from treegym.errors import ConfigError, MissingPackageError
 
 try:
@@ -59,6 +56,19 @@ except ImportError:
     raise MissingPackageError("trl", "treegym's TRL adapter", "pip install 'treegym[trl]'") from None
 
 ENDED = "The episode has ended. Reply without calling a tool."
+T = TypeVar("T", bound="type[EnvTools]")
+# A family's tool set, by the name its record gives (``Family.tools``); filled by ``tool_set``.
+TOOL_SETS: dict[str, type[EnvTools]] = {}
+
+
+def tool_set(name: str) -> Callable[[T], T]:
+    """Register a tool class under ``name``, the name a family record's ``tools`` gives."""
+
+    def register(cls: T) -> T:
+        TOOL_SETS[name] = cls
+        return cls
+
+    return register
 
 
 class EnvTools:
@@ -166,6 +176,7 @@ HOUSEHOLD_PROMPT = (
 )
 
 
+@tool_set("qa")
 class QATools(EnvTools):
     """A QA env (TreeSearchQA-v0) through its two actions: ``search`` and ``answer``."""
 
@@ -194,6 +205,7 @@ class QATools(EnvTools):
         return self._turn(f"<answer>{text}</answer>")
 
 
+@tool_set("web")
 class WebTools(QATools):
     """The web QA env (WebSearchQA-v0) through ``search``, ``browse`` and ``answer``."""
 
@@ -209,6 +221,7 @@ class WebTools(QATools):
         return self._turn(f"<browse>{url}</browse>")
 
 
+@tool_set("household")
 class HouseholdTools(EnvTools):
     """The household env (TextHousehold-v0) through one ``command`` tool; every observation lists
     the commands admissible now (the env's ``info["admissible_commands"]``)."""
@@ -234,16 +247,15 @@ class HouseholdTools(EnvTools):
         return self._turn(command)
 
 
-def tools_for(env: gym.Env) -> type[EnvTools]:
-    """The tool class of ``env``'s family: ``WebTools``, ``QATools``, ``HouseholdTools``, else ``TRLEnv``."""
-    inner = base_env(env)
-    if isinstance(inner, WebSearchQAEnv):
-        return WebTools
-    if isinstance(inner, QAEnv):
-        return QATools
-    if isinstance(inner, TextHouseholdEnv):
-        return HouseholdTools
-    return TRLEnv
+def tools_for(env_id: str) -> type[EnvTools]:
+    """The tool class ``env_id``'s family record names (``Family.tools``: ``qa`` -> ``QATools``,
+    ``web`` -> ``WebTools``, ``household`` -> ``HouseholdTools``); ``TRLEnv`` for a family that names none."""
+    name = family(env_id).tools
+    if name is None:
+        return TRLEnv
+    if name not in TOOL_SETS:
+        raise ConfigError(f"env {env_id!r} asks for the tool set {name!r}; the TRL adapter has: {', '.join(TOOL_SETS)}")
+    return TOOL_SETS[name]
 
 
 def environment_factory(env_id: str, split: str | None = None, *, tools: type[EnvTools] | None = None,
@@ -256,7 +268,7 @@ def environment_factory(env_id: str, split: str | None = None, *, tools: type[En
     """
     template = make(env_id, split, **env_kwargs)
     base_env(template)  # a NotForkableError here, not at the first rollout, for an env treegym cannot fork
-    cls = tools or tools_for(template)
+    cls = tools or tools_for(env_id)
     return lambda: cls(fork(template))
 
 
@@ -318,4 +330,4 @@ def task_dataset(env_id: str, split: str | None = None, *, n: int | None = None,
 
 
 __all__ = ["ENDED", "EnvTools", "HouseholdTools", "QATools", "TRLEnv", "WebTools", "check_completion_length",
-           "environment_factory", "grpo_kwargs", "task_dataset", "tool_calling_tokenizer", "tools_for"]
+           "environment_factory", "grpo_kwargs", "task_dataset", "tool_calling_tokenizer", "tool_set", "tools_for"]
