@@ -17,10 +17,10 @@ import treegym  # noqa: F401  (registers the ids)
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="needs pip install 'treegym[skyrl]'")
 
-from treegym.envs import ENV_IDS  # noqa: E402
 from treegym.envs.probes import PROBE_IDS  # noqa: E402
 from treegym.integrations.skyrl import TreegymTextEnv, register_envs  # noqa: E402
 
+FAMILY_IDS = ("TreeSearchQA-v0", "WebSearchQA-v0", "TextHousehold-v0")
 QA_KW = {"index": "bm25", "corpus_limit": 300}  # BM25 over a 300-passage slice
 KWARGS = {"TreeSearchQA-v0": QA_KW}
 ROW_PROMPT = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": ""}]
@@ -33,7 +33,7 @@ def policy(env_id: str):
 
     if env_id == "TextHousehold-v0":
         return HouseholdHeuristic().act
-    if env_id in ENV_IDS:
+    if env_id in FAMILY_IDS:
         return HeuristicQAAgent().act
     return lambda messages: "A"
 
@@ -60,7 +60,7 @@ def skyrl_episode(env, act, prompt) -> tuple[list[dict], list[str], list[float],
     return chat, actions, rewards, metadata
 
 
-@pytest.mark.parametrize("env_id", [*ENV_IDS, *PROBE_IDS])
+@pytest.mark.parametrize("env_id", [*FAMILY_IDS, *PROBE_IDS])
 def test_every_env_plays_through_skyrl_gyms_make_and_step_loop_as_on_gymnasium(env_id: str) -> None:
     register_envs()
     extras = row(env_id)
@@ -116,6 +116,10 @@ def test_samples_of_one_env_share_its_template_and_a_step_after_the_end_changes_
         pass
     after = a.step("A")
     assert after["done"] and after["reward"] == 0.0 and after["observations"] == []
+
+
+def test_every_family_and_probe_is_registered_by_default() -> None:
+    assert set(register_envs()) == {*FAMILY_IDS, *PROBE_IDS} <= set(skyrl_gym.registry)
 
 
 def test_registering_refuses_an_id_skyrl_gym_already_uses_for_another_env() -> None:

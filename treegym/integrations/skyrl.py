@@ -27,7 +27,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from treegym.envs import ENV_IDS, base_env, family, fork, make, public_info
+from treegym.envs import base_env, family, fork, make, public_info
+from treegym.envs import register_envs as register_treegym_envs
 from treegym.errors import ConfigError, MissingPackageError
 
 try:
@@ -134,8 +135,10 @@ def register_envs(env_ids: Sequence[str] | None = None) -> list[str]:
     """Register ``env_ids`` (default: every treegym family and probe id) with ``skyrl_gym``
     under the same ids; idempotent. Returns the ids."""
     from treegym.envs.probes import PROBE_IDS
+    from treegym.envs.registry import FAMILIES
 
-    ids = list(env_ids) if env_ids is not None else [*ENV_IDS, *PROBE_IDS]
+    register_treegym_envs()  # every family's record, whichever module registers it
+    ids = list(env_ids) if env_ids is not None else list(dict.fromkeys([*FAMILIES, *PROBE_IDS]))
     for env_id in ids:
         if env_id in skyrl_gym.registry:
             spec = skyrl_gym.registry[env_id]
