@@ -1,11 +1,13 @@
 """treegym envs inside ldp's own tree search: aviary ``Environment`` adapter, ``fork`` as ``env_clone_fn``.
 
-ldp's ``TreeSearchRollout`` grows the tree and calls the clone function; the agent is a scripted
-ldp ``Agent`` whose tool calls are the env's own actions. Why not ldp's ``SimpleAgent`` against
-``treegym serve-model``: SimpleAgent acts only through OpenAI tool calls, and serve-model answers
-chat completions in plain text (no ``tools``, no ``tool_calls``), so every step would be "no tool
-calls received". Each branch is checked against a replay of its actions on a fresh env: a step
-in one branch never shows in another.
+ldp's ``TreeSearchRollout`` grows the tree and calls the clone function. The agents: a scripted ldp
+``Agent`` whose tool calls are the env's own actions, and ldp's own ``SimpleAgent`` through litellm
+against a scripted OpenAI-compatible server on 127.0.0.1, its plain-text replies made ``step`` calls
+by the adapter's ``step_call`` parser. Not against ``treegym serve-model``: SimpleAgent sends each
+observation back as a ``tool`` message, and serve-model answers that with a 400 ("messages[2] needs
+a role of system, user or assistant"; measured 2026-12-03), so only the first turn of a branch
+would run. Each branch is checked against a replay of its actions on a fresh env: a step in one
+branch never shows in another.
 """
 
 import asyncio
@@ -130,3 +132,35 @@ def test_steps_after_the_end_return_a_note_and_text_without_a_tool_call_is_refus
     assert "No tool calls" in plain[0][0].content and plain[1:] == (0.0, False, False)
     assert done and not truncated and msgs[1].content == ENDED and env.state.turns == 1
     assert asyncio.run(env.get_id()) == "ProbeKeys-v0:0"
+
+
+def test_ldps_simple_agent_over_a_loopback_model_drives_the_tree_through_step_call() -> None:
+    from ldp.agent import SimpleAgent
+    from lmi.config import LLMConfig, ModelSpec
+    from openai_stub import ScriptedModel
+
+    from treegym.integrations.aviary import step_call
+
+    class Alternating(ScriptedModel):
+        """Answers "A", "B", "A", ... by request, so that siblings differ."""
+
+        def reply(self, messages: list[dict]) -> str:
+            return "AB"[len(self.requests) % 2 - 1]
+
+    model = Alternating([])
+    try:
+        spec = ModelSpec(name="openai/stub", api_base=model.url, api_key="loopback", max_retries=0)
+        agent = SimpleAgent(llm_config=LLMConfig(models=[spec], tool_parser=step_call))
+        env = TreegymEnvironment.from_id("ProbeKeys-v0", seed=0, horizon=2, choices=2)
+        search = TreeSearchRollout(agent, branching_factor=2, env_clone_fn=fork, catch_agent_failures=False)
+        tree = asyncio.run(search.sample_tree(env, max_depth=2))
+    finally:
+        model.stop()
+    paths = branches(tree)
+    assert len(paths) == 4 and len(model.requests) == 6  # 2 + 4 model calls, one per node
+    for steps in paths:
+        actions = [s.action.value.tool_calls[0].function.arguments["action"] for s in steps]
+        assert [(s.next_observation[0].content, s.reward) for s in steps] == replay(
+            "ProbeKeys-v0", actions, seed=0, horizon=2, choices=2)
+    assert {tuple(s.action.value.tool_calls[0].function.arguments["action"] for s in steps) for steps in paths} == {
+        ("A", "A"), ("A", "B"), ("B", "A"), ("B", "B")}

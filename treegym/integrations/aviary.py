@@ -11,6 +11,8 @@ cache, world templates) and nothing mutable, so a step in one branch never shows
   command), as the TRL adapter's ``TRLEnv`` does.
 - ``step(ToolRequestMessage)``: runs the tool calls in order; the reward is what the env paid
   for them; ``done`` is terminated or truncated, ``truncated`` gymnasium's.
+- ``step_call``: lmi's ``tool_parser`` for a model that answers in plain text, so that ldp's own
+  ``SimpleAgent`` can drive the env through a local OpenAI-compatible server.
 - ``close()`` frees nothing: ldp closes the root env right after its reset, before the clones
   step, and a treegym episode holds no resource of its own (the backends are shared).
 
@@ -34,7 +36,7 @@ from treegym.errors import MissingPackageError
 # an env adapter makes no network call of its own.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 try:
-    from aviary.core import Environment, Frame, Message, Messages, Tool, ToolRequestMessage
+    from aviary.core import Environment, Frame, Message, Messages, Tool, ToolCall, ToolRequestMessage
 except ImportError:
     raise MissingPackageError("fhaviary", "treegym's aviary/ldp adapter", "pip install 'treegym[ldp]'") from None
 
@@ -129,9 +131,16 @@ class TreegymEnvironment(Environment[EpisodeState]):
         return new
 
 
+def step_call(completion: str, tools: list[dict] | None = None) -> ToolRequestMessage:
+    """An lmi ``tool_parser`` for a model that answers in plain text (``treegym serve-model``, a model
+    trained on treegym's own protocol): its whole reply is one ``step`` call, so ldp's ``SimpleAgent``
+    drives the env with ``LLMConfig(models=[...], tool_parser=step_call)``."""
+    return ToolRequestMessage(content=completion, tool_calls=[ToolCall.from_name("step", action=completion)])
+
+
 def fork(env: TreegymEnvironment) -> TreegymEnvironment:
     """ldp's ``env_clone_fn`` for a treegym env: ``TreeSearchRollout(agent, n, env_clone_fn=fork)``."""
     return env.fork()
 
 
-__all__ = ["ENDED", "EpisodeState", "TreegymEnvironment", "fork", "step"]
+__all__ = ["ENDED", "EpisodeState", "TreegymEnvironment", "fork", "step", "step_call"]
