@@ -14,7 +14,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "serve-env",
         help="serve an env over OpenEnv's HTTP/WebSocket protocol, with fork/snapshot/restore",
         description=(
-            "Serve a treegym env with openenv-core's server: WebSocket /ws (reset, step, state), "
+            "Serve a treegym env with OpenEnv's server (openenv 0.10): WebSocket /ws (reset, step, state), "
             "HTTP POST /reset, POST /step, GET /state, /schema, /health; plus POST /fork, "
             "POST /snapshot, POST /restore, GET /tasks, GET /episodes and DELETE /episodes/ID. A fork is a new episode "
             "id in its parent's state; a session drives it with reset(attach=ID). "

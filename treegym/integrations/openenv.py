@@ -1,4 +1,4 @@
-"""Serve any treegym env with OpenEnv's server (openenv-core 0.3), plus fork, snapshot and restore.
+"""Serve any treegym env with OpenEnv's server (openenv 0.10; openenv-core 0.3 too), plus fork, snapshot and restore.
 
 OpenEnv's own routes speak its protocol unchanged: the WebSocket ``/ws`` (``reset``, ``step``,
 ``state`` messages; one session per connection), and its stateless HTTP ``POST /reset``,
@@ -54,7 +54,7 @@ try:
     )
     from pydantic import BaseModel, Field
 except ImportError:
-    raise MissingPackageError("openenv-core", "treegym's OpenEnv server",
+    raise MissingPackageError("openenv", "treegym's OpenEnv server",
                               "pip install 'treegym[openenv]'") from None
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
