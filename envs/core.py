@@ -28,11 +28,14 @@ An episode ends when a step returns ``terminated`` or ``truncated``. Every env t
 the next step the same way, from ``plan``: ``TreegymError("step() after the episode ended:
 call env.reset()")`` (and ``"step() before reset()"`` before the first reset). ``restore``
 takes only a ``Snapshot`` of the same env class whose state is the class's declared state
-type (``ForkableEnv[ItsState]``), so a hand-made snapshot fails there, not in a later step.
+type (``ForkableEnv[ItsState]``), every field of the declared type (``state_check``) and within
+the env's own rules (``state_problem``), so a hand-made or tampered snapshot fails there with a
+``SnapshotError``, not in a later step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ from gymnasium import spaces
 from gymnasium.error import CustomSpaceError
 from gymnasium.vector.utils import create_shared_memory
 
+from treegym.envs.state_check import shape_problem
 from treegym.errors import SnapshotError, TreegymError
 
 StateT = TypeVar("StateT")
@@ -228,7 +232,19 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         if snapshot.state is not None and want is not None and not isinstance(snapshot.state, want):
             raise SnapshotError(f"snapshot state must be a {want.__name__} (or None), got "
                                 f"{type(snapshot.state).__name__}: restore only what snapshot() returned")
+        if snapshot.state is not None:
+            # A snapshot may have crossed a wire or a file: check it all before the env uses any of it.
+            hint = want if want is not None and dataclasses.is_dataclass(want) else Any
+            problem = shape_problem(snapshot.state, hint) or self.state_problem(snapshot.state)
+            if problem:
+                raise SnapshotError(f"snapshot refused: {problem}; restore only what this env's snapshot() "
+                                    "returned")
         self.state = snapshot.state
+
+    def state_problem(self, state: StateT) -> str | None:
+        """What makes ``state`` (already of the declared shape) one this env cannot step from:
+        a number out of its range, a task it does not know. None when it can. ``restore()`` asks."""
+        return None
 
     def fork(self) -> ForkableEnv[StateT]:
         """A new env in the same state, sharing backends and nothing mutable."""
