@@ -19,7 +19,7 @@ from typing import Any
 _MAX_ITEMS = 1 << 20  # a tuple in a state longer than this is not one an env made
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(cls)
     return tuple((f.name, hints.get(f.name, Any)) for f in dataclasses.fields(cls))
