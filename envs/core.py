@@ -112,9 +112,16 @@ class Tool(Protocol):
 @dataclass(frozen=True)
 class ToolError:
     """A failed tool call, returned in place of its result so that the batch's other calls
-    survive; ``message`` is what the agent reads."""
+    survive; ``message`` is what the agent reads.
+
+    ``unreachable``: the tool itself could not run (its server is down, its backend broken), as
+    opposed to a call that ran and failed (a page that does not exist). No action could have
+    done better, so the episode is not the agent's to score: the env ends it with
+    ``info["failed_to_run"]`` (the message), and eval and training leave it out of their figures.
+    """
 
     message: str
+    unreachable: bool = False
 
 
 @dataclass(frozen=True)
@@ -293,6 +300,13 @@ def success(info: dict[str, Any]) -> float:
     """An episode's success, read from its last info: the contract's ``success`` key (1.0 or
     0.0) on the terminal step; 0.0 for an episode that a caller cut before the env ended it."""
     return float(info.get("success", 0.0))
+
+
+def failed_to_run(info: dict[str, Any]) -> str | None:
+    """Why an episode could not be played (a tool it needs was unreachable), read from its last
+    info; None for an episode that ran. Such an episode has no score: leave it out of every figure."""
+    why = info.get("failed_to_run")
+    return str(why) if why else None
 
 
 class NotForkableError(TreegymError, TypeError):

@@ -147,9 +147,12 @@ class QAEnv(ForkableEnv[S]):
                 obs = f"\n\n<information>{result.message}</information>\n\n"
                 info = {"tool_error": result.message, "failed_step": True}  # restart-at-failure reads it
                 s = replace(s, tool_errors=s.tool_errors + 1)
+                if result.unreachable:  # no action could do better: the episode ends unscored
+                    info["failed_to_run"] = result.message
+                    s = replace(s, done=True)
             else:
                 s, obs, info = self.observe(s, parsed, extra, result)
-        truncated = not terminated and s.turn >= self.max_turns
+        truncated = not terminated and (s.turn >= self.max_turns or s.done)
         if terminated or truncated:
             # Past the turn budget the episode still gets its format reward (never an answer's).
             s = replace(s, done=True)
