@@ -337,8 +337,9 @@ def _bind(host: str, port: int, retriever: Retriever, limits: ServerLimits, verb
     check_port(port)
     try:
         return RetrievalServer((host, port), retriever, limits, verbose, _info(retriever))
-    except OSError as exc:
-        raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port or --host") from None
+    except (OSError, UnicodeError, TypeError, ValueError) as exc:  # a host that cannot even be encoded, too
+        raise ConfigError(f"cannot bind {host[:60]}:{port} ({getattr(exc, 'strerror', None) or exc}); pick another "
+                          "--port or --host") from None
 
 
 def serve_in_background(

@@ -111,6 +111,8 @@ def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
     if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name or name.startswith("~"):
         raise ConfigError(f"run.name must be a relative folder name inside run.out_dir (no absolute path, '..', "
                           f"'~' or '\\'), got {name!r}; set run.out_dir to choose where runs go")  # fmt: skip
+    if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in parts):
+        raise ConfigError(f"run.name {name[:60]!r}... has a folder name over 255 bytes, more than a file system holds")
     out = Path(cfg.run.out_dir).expanduser()
     folder = out / name
     if not folder.resolve().is_relative_to(out.resolve()):  # a symlink out of it
@@ -125,7 +127,11 @@ def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"run folder {folder} is a file; choose another run.name or run.out_dir")
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # under a file, not allowed, too deep
+        raise ConfigError(f"cannot make run folder {str(folder)[:160]} ({exc.strerror or exc}); choose another "
+                          "run.name or run.out_dir") from None
     try:
         refuse_symlinks(folder)
     except ConfigError:

@@ -305,8 +305,9 @@ class EnvServer:
             raise ConfigError(f"--port must be in 0..65535 (0 picks a free one), got {port}")
         try:
             self.socket = tcp_listener(host, port)
-        except OSError as exc:
-            raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port") from None
+        except (OSError, UnicodeError, TypeError, ValueError) as exc:  # a host that cannot even be encoded, too
+            raise ConfigError(f"cannot bind {host[:60]}:{port} ({getattr(exc, 'strerror', None) or exc}); pick "
+                              "another --port or --host") from None
         self.host, self.port = host, self.socket.getsockname()[1]
         self.app = app
         self.server: uvicorn.Server | None = None
