@@ -6,7 +6,7 @@ import argparse
 import json
 
 from treegym.errors import ConfigError
-from treegym.options import int_in
+from treegym.options import float_in, int_in
 from treegym.retrieval_index.build import INDEX_TYPES, build_index, open_retriever
 from treegym.retrieval_index.embedders import DEFAULT_EMBEDDER
 from treegym.retrieval_index.retrievers import MAX_K
@@ -55,6 +55,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--topk", type=int_in(1, MAX_K), default=3, help="topk when a request gives none (default: 3)")
     serve.add_argument("--max-topk", type=int_in(1, MAX_K), default=100, help="largest topk accepted (default: 100)")
     serve.add_argument("--max-queries", type=int_in(1, 1 << 20), default=512, help="most queries per request (default: 512)")
+    serve.add_argument("--max-client-connections", type=int_in(1, 1 << 16), default=256,
+                       help="live connections of one client address at most, of 512 in all (default: 256)")
+    serve.add_argument("--request-deadline", type=float_in(0.0, 3600.0, above=True), default=60.0,
+                       help="seconds to wait for a request and read all of it, body included (default: 60)")
     serve.add_argument("--quiet", action="store_true", help="do not log requests")
     serve.set_defaults(func=run_serve)
 
@@ -89,6 +93,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     check_port(args.port)  # before the index loads
     retriever = open_retriever(args.corpus, args.index, args.embedder, limit=args.limit)
-    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries)
+    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                          max_client_connections=args.max_client_connections,
+                          request_deadline_s=args.request_deadline)
     serve_forever(retriever, args.host, args.port, limits, verbose=not args.quiet)
     return 0
