@@ -111,11 +111,15 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             raise KeyError(f"weights missing for {sorted(missing)[:3]}")
         rngs = data["rng"]
         state = TrainState(**data["state"])
-    except pickle.UnpicklingError as exc:  # weights_only refused a callable: say which, in one line
+    except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        what = found.group(1) if found else str(exc).splitlines()[0][:200]
-        raise CheckpointError(f"checkpoint {path} holds more than tensors and plain data ({what}), so it is not "
-                              "loaded (a checkpoint may not run code); delete it to resume from an older one") from None
+        if found:  # weights_only refused a callable: say which, in one line
+            raise CheckpointError(f"checkpoint {path} holds more than tensors and plain data ({found.group(1)}), so it "
+                                  "is not loaded (a checkpoint may not run code); delete it to resume from an older "
+                                  "one") from None
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"checkpoint {path} cannot be loaded (UnpicklingError: {first}); delete it to resume "
+                              "from an older one") from None
     except Exception as exc:  # torch.load of a torn or foreign file raises almost anything
         raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}); "
                               "delete it to resume from an older one") from exc
