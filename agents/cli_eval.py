@@ -8,7 +8,11 @@ import sys
 from typing import Any
 
 from treegym.agents.policy import SamplingParams
-from treegym.options import json_object_option
+from treegym.options import float_in, int_in, json_object_option
+
+MAX_EPISODES = 100_000  # --n: more is a mistake (10**12 once ran out of memory building the task list)
+MAX_NEW_TOKENS = 1 << 20
+MAX_TEMPERATURE = 100.0  # far past any sampler's useful range; above it the draw is uniform anyway
 
 _AGENT_HELP = (
     "heuristic | oracle | smollm2 | a local HF model folder | openai:URL[#model] | rank:MODEL | module:callable "
@@ -29,18 +33,18 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--agent", required=True, help=_AGENT_HELP)
     p.add_argument("--env", required=True, help="env id: TreeSearchQA-v0, WebSearchQA-v0, TextHousehold-v0")
-    p.add_argument("--n", type=int, default=20, help="episodes: the first N tasks of the split, as train's held-out prompts "
+    p.add_argument("--n", type=int_in(1, MAX_EPISODES), default=20, help="episodes: the first N tasks of the split, as train's held-out prompts "
                    "(default 20; a run's model, RUN/final, replays its run's held-out protocol instead: RUN/protocol.json)")
     p.add_argument("--split", default="auto", help="task split (default auto: the env's held-out split, dev for QA, seen for household)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tree search with --trees (default 0)")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed of the tree search with --trees (default 0)")
     p.add_argument("--out", default=None, help="folder for traces.jsonl, report.json, trees.html")
     p.add_argument("--trees", action="store_true",
                    help="policy agents: also sample Tree-GRPO trees (m=2 n=2 l=1 k=3) and write trees.html")
-    p.add_argument("--tree-prompts", type=int, default=4, help="tasks to grow trees for with --trees (default 4)")
+    p.add_argument("--tree-prompts", type=int_in(1), default=4, help="tasks to grow trees for with --trees (default 4)")
     p.add_argument("--max-turns", type=int, default=None, help="cap on turns per episode (default: the env's)")
-    p.add_argument("--max-new-tokens", type=int, default=128,
+    p.add_argument("--max-new-tokens", type=int_in(1, MAX_NEW_TOKENS), default=128,
                    help="policy and openai: agents: tokens per turn (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="policy and openai: agents: 0 = greedy (default)")
+    p.add_argument("--temperature", type=float_in(0.0, MAX_TEMPERATURE), default=0.0, help="policy and openai: agents: 0 = greedy (default)")
     p.add_argument("--model", default=None,
                    help="openai:URL agents: the model to ask for (default: the server's only model; URL#model wins)")
     p.add_argument("--mode", choices=("chat", "raw"), default="chat", help="policy agents: context format")

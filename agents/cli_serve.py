@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from treegym.errors import ConfigError
@@ -28,12 +29,19 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_serve)
 
 
+def check_device(device: str | None) -> None:
+    """``--device`` is cpu, cuda, cuda:N or mps (None: the model loader picks); checked before a model loads."""
+    if device is not None and not re.fullmatch(r"cpu|mps|cuda(:\d{1,3})?", device):
+        raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {device[:40]!r}")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.serve_model import ModelServer, ModelService
     from treegym.retrieval_index.server import check_port, exposure_warning
 
     check_port(args.port)
+    check_device(args.device)
     warning = exposure_warning(args.host, "the model API")
     if warning:
         print(warning, file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ from treegym.agents.rollout.episode import Episode, run_episode
 from treegym.agents.rollout.samplers import sample_chains, sample_trees
 from treegym.agents.rollout.scoring import EpisodeScore, HeldOut, episode_score, heldout_prompts
 from treegym.agents.rollout.types import Prompt, Tree, reset_args
+from treegym.envs.core import failed_to_run
 from treegym.errors import ConfigError, TreegymError
 from treegym.stats import Interval, bootstrap_interval, wilson_interval
 
@@ -233,10 +234,25 @@ def play_episodes(env: gym.Env, agent: Any, prompts: Sequence[Prompt], max_turns
         seed, options = reset_args(prompt)
         episodes.append(run_episode(env, agent, seed=seed, options=options, max_turns=max_turns,
                                     episode_id=_episode_id(i, prompt)))
+        stop_if_failed_to_run(episodes[-1:])
         if bar is not None:
             bar.update(1)
             bar.set_postfix(failed=sum(e.error is not None for e in episodes))
     return episodes
+
+
+class ToolUnreachableError(TreegymError):
+    """An episode could not run: a tool it needs (a retrieval server, a search backend) was unreachable."""
+
+
+def stop_if_failed_to_run(episodes: Sequence[Episode]) -> None:
+    """Stop the evaluation at an episode that could not run: scored, it would be a wrong answer
+    that no agent gave, and the figure would measure the tool, not the agent."""
+    for ep in episodes:
+        why = failed_to_run(ep.info)
+        if why:
+            raise ToolUnreachableError(f"eval stopped: episode {ep.episode_id} could not run, so no figure is "
+                                       f"reported ({' '.join(why.split())[:300]})")
 
 
 def replace_temperature(params: SamplingParams) -> SamplingParams:
@@ -256,6 +272,7 @@ def _run_policy(policy: Policy, env: gym.Env, prompts: list[Prompt], params: Sam
         for tree in batch.trees:
             i = start + tree.prompt_index
             episodes.append(_episode_of_tree(tree, _episode_id(i, prompts[i])))
+        stop_if_failed_to_run(episodes[start:])
         if bar is not None:
             bar.update(len(chunk))
     return episodes

@@ -232,8 +232,8 @@ class ModelServer:
         self.service = service
         try:
             self.httpd = ThreadingHTTPServer((host, port), _handler_for(service))
-        except OSError as exc:
-            raise TreegymError(f"cannot listen on {host}:{port}: {exc}") from exc
+        except (OSError, UnicodeError, TypeError, ValueError, OverflowError) as exc:  # a host that cannot even be encoded
+            raise TreegymError(f"cannot listen on {host[:60]}:{port}: {exc}") from None
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 import treegym  # noqa: F401  (registers the envs)
-from treegym.integrations.openenv import TreegymEnvClient, serve
+from treegym.integrations.openenv import SESSION_HEADER, TreegymEnvClient, serve
 
 
 def timings(fn: Callable[[], object], repeats: int, warmup: int = 20) -> list[float]:
@@ -48,16 +48,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300, help="timed calls per operation (default 300)")
     args = parser.parse_args()
 
-    server = serve("TextHousehold-v0", port=0, max_episodes=4 * args.repeats + 100,
-                   max_snapshots=4 * args.repeats + 100).start()
+    room = 4 * args.repeats + 100
+    server = serve("TextHousehold-v0", port=0, max_episodes=room, max_forks=room, max_snapshots=room,
+                   max_session_snapshots=room).start()
     try:
         with TreegymEnvClient(server.url).sync() as env:
             env.reset(seed=0)
-            episode = env.state().episode_id
+            episode, token = env.state().episode_id, env.session_token()
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
 
             def post(path: str, body: dict) -> dict:
-                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json",
+                                                              SESSION_HEADER: token})
                 response = conn.getresponse()
                 payload = json.loads(response.read())
                 assert response.status == 200, payload

@@ -30,6 +30,7 @@ from treegym.envs.registry import (
     register_family,
     training_id,
 )
+from treegym.errors import SnapshotError
 
 
 def fork(env: gym.Env) -> gym.Env:
@@ -90,6 +91,21 @@ def _wrapper_chain(env: gym.Env) -> list[gym.Wrapper]:
     return chain
 
 
+def _wrapper_problem(wrapper: gym.Wrapper, attrs: object) -> str | None:
+    """What is wrong with ``attrs`` as the state of ``wrapper``: only attributes that
+    ``_wrapper_state`` saves, each of the type it has now (or None where it is None)."""
+    if not isinstance(attrs, tuple) or not all(isinstance(a, tuple) and len(a) == 2 for a in attrs):
+        return "is not (attribute, value) pairs"
+    own = dict(_wrapper_state(wrapper)) if type(wrapper) not in _BOOKKEEPING else {}
+    for key, value in attrs:
+        if not isinstance(key, str) or key not in own:
+            return f"names {str(key)[:40]!r}, which it does not save"
+        now = own[key]
+        if value is not None and now is not None and type(value) is not type(now):
+            return f"has {key} of type {type(value).__name__}, not {type(now).__name__}"
+    return None
+
+
 def _wrapper_state(wrapper: gym.Wrapper) -> tuple[tuple[str, object], ...]:
     # What fork copies (see _copy_wrapper), as a value: the wrapper's own attributes, mutable
     # ones deep-copied so that later steps do not reach into the snapshot. A bookkeeping
@@ -122,6 +138,11 @@ def restore(env: gym.Env, snap: Snapshot) -> None:
     if snap.wrappers and [name for name, _ in snap.wrappers] != [type(w).__qualname__ for w in chain]:
         raise ValueError(f"snapshot of an env wrapped in {[name for name, _ in snap.wrappers]} cannot restore one "
                          f"wrapped in {[type(w).__qualname__ for w in chain]}")
+    for wrapper, (name, attrs) in zip(chain, snap.wrappers):
+        problem = _wrapper_problem(wrapper, attrs)
+        if problem:
+            raise SnapshotError(f"snapshot refused: its state of wrapper {name} {problem}; restore only what "
+                                "snapshot(env) returned")
     inner.restore(snap)
     for wrapper, (_, attrs) in zip(chain, snap.wrappers):
         for key, value in attrs:

@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from treegym.envs import FAMILIES, make
 from treegym.envs.core import ForkableEnv, Snapshot
-from treegym.options import parse_kwargs
+from treegym.options import int_in, parse_kwargs
 
 HELP = """Type your whole turn and press Enter (write \\n for a line break), e.g.
   <think>who?</think><search>Albert Einstein</search>     (QA envs)
@@ -92,5 +92,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("env_id", help=f"one of {', '.join(FAMILIES)}")
     p.add_argument("kwargs", nargs="*", help="env arguments as key=value (values parsed as JSON when possible)")
-    p.add_argument("--seed", type=int, default=None, help="seed for the first reset")
+    p.add_argument("--seed", type=int_in(0), default=None, help="seed for the first reset")
     p.set_defaults(func=_cmd_play)

@@ -28,11 +28,14 @@ An episode ends when a step returns ``terminated`` or ``truncated``. Every env t
 the next step the same way, from ``plan``: ``TreegymError("step() after the episode ended:
 call env.reset()")`` (and ``"step() before reset()"`` before the first reset). ``restore``
 takes only a ``Snapshot`` of the same env class whose state is the class's declared state
-type (``ForkableEnv[ItsState]``), so a hand-made snapshot fails there, not in a later step.
+type (``ForkableEnv[ItsState]``), every field of the declared type (``state_check``) and within
+the env's own rules (``state_problem``), so a hand-made or tampered snapshot fails there with a
+``SnapshotError``, not in a later step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ from gymnasium import spaces
 from gymnasium.error import CustomSpaceError
 from gymnasium.vector.utils import create_shared_memory
 
+from treegym.envs.state_check import shape_problem
 from treegym.errors import SnapshotError, TreegymError
 
 StateT = TypeVar("StateT")
@@ -108,9 +112,16 @@ class Tool(Protocol):
 @dataclass(frozen=True)
 class ToolError:
     """A failed tool call, returned in place of its result so that the batch's other calls
-    survive; ``message`` is what the agent reads."""
+    survive; ``message`` is what the agent reads.
+
+    ``unreachable``: the tool itself could not run (its server is down, its backend broken), as
+    opposed to a call that ran and failed (a page that does not exist). No action could have
+    done better, so the episode is not the agent's to score: the env ends it with
+    ``info["failed_to_run"]`` (the message), and eval and training leave it out of their figures.
+    """
 
     message: str
+    unreachable: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,7 +250,19 @@ class ForkableEnv(gym.Env[str, str], Generic[StateT]):
         if snapshot.state is not None and want is not None and not isinstance(snapshot.state, want):
             raise SnapshotError(f"snapshot state must be a {want.__name__} (or None), got "
                                 f"{type(snapshot.state).__name__}: restore only what snapshot() returned")
+        if snapshot.state is not None:
+            # A snapshot may have crossed a wire or a file: check it all before the env uses any of it.
+            hint = want if want is not None and dataclasses.is_dataclass(want) else Any
+            problem = shape_problem(snapshot.state, hint) or self.state_problem(snapshot.state)
+            if problem:
+                raise SnapshotError(f"snapshot refused: {problem}; restore only what this env's snapshot() "
+                                    "returned")
         self.state = snapshot.state
+
+    def state_problem(self, state: StateT) -> str | None:
+        """What makes ``state`` (already of the declared shape) one this env cannot step from:
+        a number out of its range, a task it does not know. None when it can. ``restore()`` asks."""
+        return None
 
     def fork(self) -> ForkableEnv[StateT]:
         """A new env in the same state, sharing backends and nothing mutable."""
@@ -288,6 +311,13 @@ def success(info: dict[str, Any]) -> float:
     """An episode's success, read from its last info: the contract's ``success`` key (1.0 or
     0.0) on the terminal step; 0.0 for an episode that a caller cut before the env ended it."""
     return float(info.get("success", 0.0))
+
+
+def failed_to_run(info: dict[str, Any]) -> str | None:
+    """Why an episode could not be played (a tool it needs was unreachable), read from its last
+    info; None for an episode that ran. Such an episode has no score: leave it out of every figure."""
+    why = info.get("failed_to_run")
+    return str(why) if why else None
 
 
 class NotForkableError(TreegymError, TypeError):

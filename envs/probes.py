@@ -120,6 +120,18 @@ class ProbeEnv(ForkableEnv[ProbeState]):
     def feedback(self, state: ProbeState, hit: bool) -> str:
         return "ok" if hit else "no"
 
+    def key_count(self) -> int:
+        """How many keys a state of this probe holds."""
+        return len(self.fixed_keys)
+
+    def state_problem(self, state: ProbeState) -> str | None:
+        if len(state.keys) != self.key_count() or not set(state.keys) <= set(self.moves):
+            return f"state.keys holds {len(state.keys)} keys, not {self.key_count()} of {''.join(self.moves)}"
+        if not 0 <= state.correct <= state.turn <= self.horizon:
+            return f"state.turn ({state.turn}) and state.correct ({state.correct}) are not 0 <= correct <= turn " \
+                   f"<= {self.horizon}"
+        return None
+
     # -- the step -------------------------------------------------------------------------------
 
     def _reset_state(self, options: dict[str, Any]) -> tuple[ProbeState, str, dict[str, Any]]:
@@ -203,6 +215,9 @@ class ProbeLookupEnv(ProbeEnv):
 
     def draw_keys(self) -> tuple[str, ...]:
         return (self.moves[int(self.np_random.integers(len(self.moves)))],)
+
+    def key_count(self) -> int:
+        return 1
 
     def legal_moves(self, state: ProbeState) -> tuple[str, ...]:
         # The answer is one of the symbols; before it, looking is one of the moves.

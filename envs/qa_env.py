@@ -84,6 +84,19 @@ class QAEnv(ForkableEnv[S]):
         """The subclass's own info keys."""
         return {}
 
+    def state_problem(self, state: S) -> str | None:
+        # The task must be this env's own, labels included: a snapshot cannot bring its own answers.
+        if self._by_id.get(state.item.id) != state.item:
+            return f"state.item (task {state.item.id[:40]!r}) is not one of this env's tasks, as it was"
+        if not 0 <= state.turn <= self.max_turns:
+            return f"state.turn is {state.turn}, not in 0..{self.max_turns}"
+        for name in ("invalid_actions", "tool_calls", "tool_errors"):
+            if not 0 <= getattr(state, name) <= state.turn:
+                return f"state.{name} is {getattr(state, name)}, not in 0..turn ({state.turn})"
+        if state.answer is not None and not state.done:
+            return "state.answer is set in an episode that has not ended"
+        return None
+
     # ---- the episode ------------------------------------------------------------------------
 
     def task_ids(self) -> list[str]:
@@ -134,9 +147,12 @@ class QAEnv(ForkableEnv[S]):
                 obs = f"\n\n<information>{result.message}</information>\n\n"
                 info = {"tool_error": result.message, "failed_step": True}  # restart-at-failure reads it
                 s = replace(s, tool_errors=s.tool_errors + 1)
+                if result.unreachable:  # no action could do better: the episode ends unscored
+                    info["failed_to_run"] = result.message
+                    s = replace(s, done=True)
             else:
                 s, obs, info = self.observe(s, parsed, extra, result)
-        truncated = not terminated and s.turn >= self.max_turns
+        truncated = not terminated and (s.turn >= self.max_turns or s.done)
         if terminated or truncated:
             # Past the turn budget the episode still gets its format reward (never an answer's).
             s = replace(s, done=True)

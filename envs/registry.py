@@ -145,9 +145,14 @@ def env_class(spec: str) -> Any:
         if not module or not name:
             raise ConfigError(f"env {spec!r}: expected a registered id or module:Class")
         try:
-            return load_object(spec)
+            found = load_object(spec)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"env {spec!r}: cannot import {name} from {module} ({exc})") from None
+        except Exception as exc:  # noqa: BLE001  (a module that fails on import is the user's, not ours)
+            raise ConfigError(f"env {spec!r}: importing {module} failed ({type(exc).__name__}: {exc})") from None
+        if not (isinstance(found, type) and issubclass(found, gym.Env)):
+            raise ConfigError(f"env {spec!r}: {name} is not a gymnasium Env class (a {type(found).__name__})")
+        return found
     register_envs()
     if spec not in gym.registry:
         ours = ", ".join((*FAMILIES, *VARIANTS))
@@ -179,16 +184,24 @@ def resolve_split(env_id: str, split: str) -> str:
     return split
 
 
-def make(env_id: str, split: str | None = None, *, max_turns: int | None = None, **kwargs: Any) -> gym.Env:
+def make(env_id: str, split: str | None = None, /, *, max_turns: int | None = None, **kwargs: Any) -> gym.Env:
     """Make ``env_id`` (a registered id or ``module:Class``) on ``split`` (``auto``: its held-out
     split; None: its default). ``max_turns`` reaches envs that take it unless ``kwargs`` set it.
-    Bad ids, splits and kwargs are ConfigErrors."""
+    A ``split`` in ``kwargs`` (``--env-kwargs '{"split": ...}'``) is the split, checked the same
+    way. Bad ids, splits and kwargs are ConfigErrors."""
+    if "split" in kwargs:
+        given = kwargs.pop("split")
+        if split not in (None, "auto") and given != split:
+            raise ConfigError(f"two splits for {env_id}: {split!r} and env kwargs' {given!r}; give one")
+        if not isinstance(given, str):
+            raise ConfigError(f"env kwargs' split must be a string, got {given!r}")
+        split = given
     cls = env_class(env_id)
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         params = {}
-    if split is not None and "split" not in kwargs:
+    if split is not None:
         split = resolve_split(env_id, split)
         if "split" in params:
             kwargs["split"] = split

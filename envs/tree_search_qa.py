@@ -26,8 +26,8 @@ class RetrievalTool:
     def call_batch(self, payloads: Sequence[Any]) -> list[Any]:
         try:
             return self.retriever.search([str(p) for p in payloads], self.k)
-        except Exception as exc:  # a backend failure is an observation, not a crash
-            return [ToolError(f"Search failed: {exc}")] * len(payloads)
+        except Exception as exc:  # a backend failure is an observation, not a crash; and not the agent's doing
+            return [ToolError(f"Search failed: {exc}", unreachable=True)] * len(payloads)
 
 
 @dataclass(frozen=True)

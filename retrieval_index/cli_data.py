@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from treegym.errors import ConfigError
+from treegym.options import int_in
 from treegym.retrieval_index.qa import QUESTION_TYPES, SPLITS, load_qa
 from treegym.retrieval_index.synthetic.cli_synth import add_synth
 from treegym.retrieval_index.types import QAItem
@@ -74,7 +75,7 @@ def add_show(actions: argparse._SubParsersAction) -> None:
         description="Print the first N questions of a split: question, answers, type, hops and supporting ids.",
     )
     _add_selection(p)
-    p.add_argument("-n", type=int, default=5, help="how many questions (default: 5)")
+    p.add_argument("-n", type=int_in(1), default=5, help="how many questions (default: 5)")
     p.set_defaults(func=run_show)
 
 
@@ -117,9 +118,18 @@ def add_export(actions: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_export)
 
 
+def check_out_file(out: Path) -> None:
+    """``--out`` must name a file whose folder exists: checked before any work, in one line."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the file to write in it (e.g. {out / 'questions.jsonl'})")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: its folder {out.parent} does not exist, or is not a folder")
+
+
 def run_export(args: argparse.Namespace) -> int:
     from treegym.retrieval_index.qa_files import write_flashrag_jsonl, write_search_r1_parquet
 
+    check_out_file(args.out)
     items = _select(args)
     if args.format == "jsonl":
         write_flashrag_jsonl(items, args.out)

@@ -6,8 +6,10 @@ import argparse
 import json
 
 from treegym.errors import ConfigError
+from treegym.options import float_in, int_in
 from treegym.retrieval_index.build import INDEX_TYPES, build_index, open_retriever
 from treegym.retrieval_index.embedders import DEFAULT_EMBEDDER
+from treegym.retrieval_index.retrievers import MAX_K
 from treegym.retrieval_index.store import read_manifest
 
 
@@ -22,7 +24,7 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
         help="'minilm' (default: offline all-MiniLM-L6-v2 on each text's first 24 tokens; 'minilm@256' reads 256), "
         "a local model folder, or 'e5:<folder>' for e5 prefixes; '@N' reads N tokens",
     )
-    parser.add_argument("--limit", type=int, default=None, help="index only the first N documents (a test slice)")
+    parser.add_argument("--limit", type=int_in(1), default=None, help="index only the first N documents (a test slice)")
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +44,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     query = sub.add_parser("query", help="print the top-k titles and scores for a query")
     query.add_argument("text", nargs="+", help="the query (several words are joined)")
     _index_options(query)
-    query.add_argument("-k", "--topk", type=int, default=5, help="how many hits (default: 5)")
+    query.add_argument("-k", "--topk", type=int_in(1, MAX_K), default=5, help="how many hits (default: 5)")
     query.add_argument("--url", default=None, help="ask a running `treegym index serve` instead of a local index")
     query.set_defaults(func=run_query)
 
@@ -50,9 +52,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _index_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; the API has no auth)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument("--topk", type=int, default=3, help="topk when a request gives none (default: 3)")
-    serve.add_argument("--max-topk", type=int, default=100, help="largest topk accepted (default: 100)")
-    serve.add_argument("--max-queries", type=int, default=512, help="most queries per request (default: 512)")
+    serve.add_argument("--topk", type=int_in(1, MAX_K), default=3, help="topk when a request gives none (default: 3)")
+    serve.add_argument("--max-topk", type=int_in(1, MAX_K), default=100, help="largest topk accepted (default: 100)")
+    serve.add_argument("--max-queries", type=int_in(1, 1 << 20), default=512, help="most queries per request (default: 512)")
+    serve.add_argument("--max-client-connections", type=int_in(1, 1 << 16), default=256,
+                       help="live connections of one client address at most, of 512 in all (default: 256)")
+    serve.add_argument("--request-deadline", type=float_in(0.0, 3600.0, above=True), default=60.0,
+                       help="seconds to wait for a request and read all of it, body included (default: 60)")
     serve.add_argument("--quiet", action="store_true", help="do not log requests")
     serve.set_defaults(func=run_serve)
 
@@ -87,6 +93,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     check_port(args.port)  # before the index loads
     retriever = open_retriever(args.corpus, args.index, args.embedder, limit=args.limit)
-    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries)
+    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                          max_client_connections=args.max_client_connections,
+                          request_deadline_s=args.request_deadline)
     serve_forever(retriever, args.host, args.port, limits, verbose=not args.quiet)
     return 0

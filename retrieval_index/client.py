@@ -21,10 +21,11 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
-from treegym.errors import TreegymError
+from treegym.errors import ConfigError, TreegymError
 from treegym.retrieval_index.corpus import split_contents
 from treegym.retrieval_index.retrievers import check_k
 from treegym.retrieval_index.types import Hit, clean_text
@@ -47,6 +48,10 @@ class RemoteRetriever:
         max_batch: int = 256,
         max_retry_s: float = 30.0,
     ) -> None:
+        parts = urlsplit(str(url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"a retriever URL is http(s)://HOST[:PORT][/retrieve] (a `treegym index serve` "
+                              f"server), got {str(url)[:80]!r}")
         self.url = url.rstrip("/")
         self.endpoint = self.url if self.url.endswith("/retrieve") else f"{self.url}/retrieve"
         self.timeout = timeout

@@ -28,6 +28,7 @@ import os
 import re
 import tempfile
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from treegym.errors import ConfigError
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, seal, seal_problem
 from treegym.retrieval_index.corpus import Document, wiki_documents
 from treegym.retrieval_index.types import QAItem
 
@@ -254,16 +255,22 @@ def wiki_questions() -> tuple[QAItem, ...]:
     """The built-in question set, cached as JSONL keyed by generator version and corpus hash."""
     docs = wiki_documents()
     path = cache_dir("datasets") / f"wiki-qa-v{GENERATOR_VERSION}-{source_hash(docs)[:16]}.jsonl"
-    if path.exists():
-        try:
-            return tuple(_item_from_record(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines())
-        except (ValueError, KeyError, TypeError):
-            pass  # a damaged cache file is rebuilt below
+    sealed = path.with_name(path.name + ".seal.json")
+    if path.exists() or sealed.exists():
+        problem = seal_problem(sealed)  # a file cut to 1,000 lines still parses: the seal catches it
+        if problem is None:
+            try:
+                return tuple(_item_from_record(json.loads(line))
+                             for line in path.read_text(encoding="utf-8").splitlines())
+            except (ValueError, KeyError, TypeError) as exc:
+                problem = f"it cannot be read ({type(exc).__name__})"
+        warnings.warn(f"rebuilding the cached QA dataset {path.name}: {problem}", stacklevel=2)
     items = tuple(generate(docs))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(dataclasses.asdict(it), ensure_ascii=False) + "\n" for it in items)
     os.replace(tmp, path)
+    seal(sealed, [path])  # last: an unsealed file is one whose write did not finish
     return items
 
 

@@ -49,9 +49,12 @@ class SharedBackend:
         return (_reopen, ({**self.reopen, "progress": False},))
 
 
+MAX_K = 10_000  # hits per query at most: past it a search only allocates (10**12 ran out of memory)
+
+
 def check_k(k: int) -> int:
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-        raise ConfigError(f"k must be a positive integer, not {k!r}")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise ConfigError(f"k must be a positive integer, at most {MAX_K}, not {k!r}")
     return int(k)
 
 

@@ -8,15 +8,21 @@ without ``return_scores`` each list holds the documents alone, as Search-R1's se
 
 Built on the standard library's ``ThreadingHTTPServer``, with a listen backlog of 256 (the
 stdlib's 5 resets connections when many trainers connect at once) and a cap on live
-connections (past it, a 503 with ``Retry-After``). It binds 127.0.0.1 unless told otherwise,
-because it has no authentication, and warns when told to bind every interface.
+connections (past it, a 503 with ``Retry-After``), and on those of any one client address, so
+one client cannot take every slot. A request must arrive whole within ``request_deadline_s``
+(waiting for it, its headers and its body together, not each read), so a client that drips a
+byte at a time cannot keep its slot either. It binds 127.0.0.1 unless told otherwise, because
+it has no authentication, and warns when told to bind every interface.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,10 +47,13 @@ class ServerLimits:
     max_queries: int = 512
     max_body_bytes: int = 1 << 20
     max_connections: int = 512  # live connections, each one thread; more get a 503 at once
+    max_client_connections: int = 256  # live connections of one client address; more get a 503
+    request_deadline_s: float = 60.0  # to wait for a request and read all of it, its body included
 
     def __post_init__(self) -> None:
         if (not 1 <= self.default_topk <= self.max_topk or self.max_queries < 1 or self.max_body_bytes < 64
-                or self.max_connections < 1):
+                or self.max_connections < 1 or self.max_client_connections < 1
+                or not 0 < self.request_deadline_s < float("inf")):
             raise ConfigError(f"inconsistent server limits: {self}")
 
 
@@ -126,17 +135,31 @@ class RetrievalServer(ThreadingHTTPServer):
         self.verbose = verbose
         self.info = info or {}
         self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._per_client: dict[str, int] = {}  # live connections by client address
+        self._count_lock = threading.Lock()
         super().__init__(address, _Endpoints)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        client = str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
+        with self._count_lock:
+            held = self._per_client.get(client, 0)
+            mine = held < self.limits.max_client_connections
+            if mine:
+                self._per_client[client] = held + 1
+        if not mine:
+            _refuse_busy(request, f"this client ({client}) holds {held} connections, the limit of one client")
+            self.shutdown_request(request)
+            return
         if not self._slots.acquire(blocking=False):
-            _refuse_busy(request, self.limits.max_connections)
+            self._leave(client)
+            _refuse_busy(request, f"the server holds its limit of {self.limits.max_connections} connections")
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
+            self._leave(client)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -144,6 +167,15 @@ class RetrievalServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+            self._leave(str(client_address[0]) if isinstance(client_address, tuple) else str(client_address))
+
+    def _leave(self, client: str) -> None:
+        with self._count_lock:
+            left = self._per_client.get(client, 1) - 1
+            if left > 0:
+                self._per_client[client] = left
+            else:
+                self._per_client.pop(client, None)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up mid-answer is not a server fault worth a traceback.
@@ -151,8 +183,31 @@ class RetrievalServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def _refuse_busy(sock: Any, cap: int) -> None:
-    body = json.dumps({"error": f"the server holds its limit of {cap} connections; retry shortly"}).encode()
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each given only what is left of the request's deadline (the
+    handler sets ``deadline`` as it starts waiting for a request): a client that sends a byte
+    every few seconds runs out of time all the same."""
+
+    def __init__(self, sock: socket.socket, write_timeout_s: float) -> None:
+        self.sock, self.write_timeout_s = sock, write_timeout_s
+        self.deadline = time.monotonic()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive whole within its deadline")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(self.write_timeout_s)  # the answer's writes get the usual timeout
+
+
+def _refuse_busy(sock: Any, why: str) -> None:
+    body = json.dumps({"error": f"{why}; retry shortly"}).encode()
     head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
     try:
@@ -171,6 +226,16 @@ class _Endpoints(BaseHTTPRequestHandler):
     # Headers and body go out as two writes; with Nagle on, a keep-alive client waits ~40 ms
     # for the delayed ACK on every request.
     disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the stdlib's reader, replaced by one that keeps the request's deadline
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.server.limits.request_deadline_s
+        super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -210,6 +275,11 @@ class _Endpoints(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             self._retrieve()
+        except TimeoutError:  # the body did not arrive within the request's deadline
+            self._refuse(408, f"the request did not arrive whole within {self.server.limits.request_deadline_s:g} s",
+                         close=True)
+        except (BrokenPipeError, ConnectionResetError):  # the client left: nothing to answer, and no fault
+            self.close_connection = True
         except Exception as exc:  # never a dropped connection: a fault is a JSON 500
             self._refuse(500, f"internal error: {type(exc).__name__}: {exc}", close=True)
 
@@ -337,8 +407,9 @@ def _bind(host: str, port: int, retriever: Retriever, limits: ServerLimits, verb
     check_port(port)
     try:
         return RetrievalServer((host, port), retriever, limits, verbose, _info(retriever))
-    except OSError as exc:
-        raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port or --host") from None
+    except (OSError, UnicodeError, TypeError, ValueError) as exc:  # a host that cannot even be encoded, too
+        raise ConfigError(f"cannot bind {host[:60]}:{port} ({getattr(exc, 'strerror', None) or exc}); pick another "
+                          "--port or --host") from None
 
 
 def serve_in_background(

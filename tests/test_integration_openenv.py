@@ -77,7 +77,7 @@ def test_fork_is_a_new_episode_in_the_parents_state_and_independent(server):
         assert child_id != parent_id
 
         with GenericEnvClient(server.url).sync() as child:  # openenv's generic client drives the fork
-            attached = child.reset(attach=child_id)
+            attached = child.reset(attach=child_id, session=parent.session_token())
             assert attached.observation["text"] == after_a.observation.text  # starts in the parent's state
             assert attached.observation["episode_id"] == child_id
             state = child.state()
@@ -142,7 +142,10 @@ def test_http_routes_speak_openenv_and_errors_are_json(server):
     assert "text" in schema["action"]["properties"] and "info" in schema["observation"]["properties"]
     step = requests.post(f"{server.url}/step", json={"action": {"text": "A"}}, timeout=10)
     assert step.status_code == 400 and "reset()" in step.json()["detail"]
-    missing = requests.post(f"{server.url}/fork", json={"episode_id": "nope"}, timeout=10)
+    anonymous = requests.post(f"{server.url}/fork", json={"episode_id": "nope"}, timeout=10)
+    assert anonymous.status_code == 401 and "X-Treegym-Session" in anonymous.json()["detail"]
+    missing = requests.post(f"{server.url}/fork", json={"episode_id": "nope"},
+                            headers={"X-Treegym-Session": "nope"}, timeout=10)
     assert missing.status_code == 404 and "no live episode" in missing.json()["detail"]
     assert requests.get(f"{server.url}/tasks", timeout=10).json() == {"env_id": ENV, "task_ids": None}
 
@@ -165,7 +168,8 @@ def test_live_episodes_are_bounded_with_a_clear_error(server_factory):
         with pytest.raises(TreegymError, match="this session holds 1 forks, its limit"):
             env.fork()
         episode_id = env.state().episode_id
-        full = requests.post(f"{server.url}/fork", json={"episode_id": episode_id}, timeout=10)
+        full = requests.post(f"{server.url}/fork", json={"episode_id": episode_id},
+                             headers={"X-Treegym-Session": env.session_token()}, timeout=10)
         assert full.status_code == 503 and "--max-forks" in full.json()["detail"]
         other.reset(seed=0)  # forks never take the episodes that resets need: 2 of 2
         assert requests.get(f"{server.url}/episodes", timeout=10).json()["live_episodes"] == 3
@@ -180,10 +184,12 @@ def test_idle_episodes_and_snapshots_expire(server_factory):
         env.reset(seed=0)
         child = env.fork()
         snap = env.snapshot()
+        token = env.session_token()
         time.sleep(2.5)
         with pytest.raises(RuntimeError, match="idle for more than 1.5 s"):
             env.step("A")
-        gone = requests.post(f"{server.url}/restore", json={"episode_id": child, "snapshot_id": snap}, timeout=10)
+        gone = requests.post(f"{server.url}/restore", json={"episode_id": child, "snapshot_id": snap},
+                             headers={"X-Treegym-Session": token}, timeout=10)
         assert gone.status_code == 404
         assert requests.get(f"{server.url}/episodes", timeout=10).json()["live_episodes"] == 0
         env.reset(seed=0)  # and the session can start again

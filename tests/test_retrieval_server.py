@@ -427,3 +427,55 @@ def test_index_query_url_reports_odd_answers_in_one_line(status, body, capsys):
         assert main(["index", "query", "acne", "--url", srv.url]) == 2
     err = capsys.readouterr().err
     assert f"retrieval server {srv.url}" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ---- slow clients cannot starve the server (issue 39) ---------------------------------------------
+
+
+def _connect_from(source_ip: str, url: str) -> socket.socket:
+    """A connection to the server from ``source_ip`` (any 127.x address is this machine)."""
+    parsed = urlparse(url)
+    sock = socket.socket()
+    sock.bind((source_ip, 0))
+    sock.connect((parsed.hostname, parsed.port))
+    return sock
+
+
+def test_a_client_that_drips_its_request_loses_its_slot_at_the_deadline(local):
+    with serve_in_background(local, limits=ServerLimits(request_deadline_s=1.5)) as running:
+        sock = _connect_from("127.0.0.1", running.url)
+        sock.settimeout(10)
+        request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" + b'{"queries": ["a"]}'
+        t0, closed_at = time.monotonic(), None
+        try:
+            for byte in request:  # one byte every 0.3 s: every read is quick, the request never ends
+                sock.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            closed_at = time.monotonic() - t0
+        if closed_at is None:  # all sent (it cannot be, at 0.3 s a byte): read what the server said
+            closed_at = time.monotonic() - t0
+        answer = sock.recv(4096)
+        sock.close()
+        assert closed_at < 6.0  # the whole request had 1.5 s, however the bytes were spread
+        assert answer == b"" or b" 408 " in answer.split(b"\r\n")[0]
+        assert _post(running.url, {"queries": ["Ibsen"], "topk": 1}).status_code == 200
+
+
+def test_one_client_cannot_take_every_connection(local):
+    limits = ServerLimits(max_connections=6, max_client_connections=3, request_deadline_s=30)
+    with serve_in_background(local, limits=limits) as running:
+        greedy = [_connect_from("127.0.0.1", running.url) for _ in range(3)]  # stalled: they send nothing
+        time.sleep(0.3)
+        extra = _connect_from("127.0.0.1", running.url)
+        extra.settimeout(10)
+        refused = extra.recv(4096)
+        assert refused.startswith(b"HTTP/1.1 503") and b"holds 3 connections, the limit of one client" in refused
+        other = _connect_from("127.0.0.2", running.url)  # another client still gets in, and an answer
+        body = json.dumps({"queries": ["Ibsen"], "topk": 1}).encode()
+        other.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                      % (len(body), body))
+        other.settimeout(30)
+        assert other.recv(4096).startswith(b"HTTP/1.1 200")
+        for sock in (*greedy, extra, other):
+            sock.close()

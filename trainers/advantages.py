@@ -10,17 +10,21 @@ Two layers:
   and per-token weights (1.0 unless the estimator says otherwise: a loss counts a tree turn once).
 
 Every estimator gives zero advantage, never NaN, to a group whose rewards are all equal.
+A rollout that could not run (a tool it needed was unreachable: ``failed_to_run``) is left out
+of every group's statistics and of the loss (``without_failed_runs``), as open-instruct masks
+such episodes: its reward is not the agent's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from treegym.agents.rollout.types import Rollout
+from treegym.envs.core import failed_to_run
 from treegym.errors import ConfigError
 from treegym.trainers.config import OPSD_ROOTS, PREFIX_CREDITS, TREE_MODES, AdvantageConfig
 
@@ -124,6 +128,32 @@ class TokenAdvantages:
 
 
 AdvantageFn = Callable[..., TokenAdvantages]
+
+
+def without_failed_runs(advantage: AdvantageFn, rollouts: Sequence[Rollout],
+                        **options: object) -> tuple[list[Rollout], TokenAdvantages]:
+    """``advantage`` over the rollouts that ran, and the batch to train on: a rollout that could
+    not run keeps its place (shapes stay as the loop expects) with no loss tokens, advantage 0
+    and weight 0. A batch where every rollout ran is ``advantage``'s, unchanged."""
+    ran = [i for i, r in enumerate(rollouts) if failed_to_run(r.info) is None]
+    if len(ran) == len(rollouts):
+        return list(rollouts), advantage(rollouts, **options)
+    inner = advantage([rollouts[i] for i in ran], **options) if ran else None
+    kept = {i: j for j, i in enumerate(ran)}
+    advs, weights, out = [], [], []
+    per_rollout = torch.zeros(len(rollouts))
+    for i, r in enumerate(rollouts):
+        if i in kept and inner is not None:
+            j = kept[i]
+            advs.append(inner.advantages[j])
+            weights.append(inner.weights[j])
+            per_rollout[i] = inner.per_rollout[j]
+            out.append(r)
+        else:
+            advs.append(torch.zeros(len(r.loss_mask)))
+            weights.append(torch.zeros(len(r.loss_mask)))
+            out.append(replace(r, loss_mask=[0] * len(r.loss_mask)))
+    return out, TokenAdvantages(advs, weights, per_rollout, dict(inner.stats) if inner is not None else {})
 
 
 def _broadcast(rollouts: Sequence[Rollout], per_rollout: Tensor) -> TokenAdvantages:

@@ -1,14 +1,18 @@
 """Checkpoints that make a run resumable exactly: model, optimiser, RNG streams, data position.
 
 A checkpoint is one file ``checkpoints/step_N.pt`` written atomically (temp file, then
-rename), so an interrupted save never leaves a half-file that a resume would pick up.
+rename), so an interrupted save never leaves a half-file that a resume would pick up. It holds
+tensors and plain data only (numpy's RNG state as a list of ints), and is read with
+``torch.load(weights_only=True)``: a crafted checkpoint cannot run code when a run resumes.
 ``save_policy`` writes what a finished run keeps: the weights alone, as a HF folder.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -40,7 +44,9 @@ class TrainState:
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
     """Every RNG stream of this process: global ones, plus named private generators."""
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (kind, [int(k) for k in keys], int(pos), int(has_gauss), float(gauss))  # no ndarray: loads safely
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     state["generators"] = {k: g.get_state() for k, g in generators.items()}
@@ -49,7 +55,8 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -96,7 +103,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                     generators: dict[str, torch.Generator] | None = None) -> TrainState:
     """Restore weights, optimiser and RNG from ``path``; return the loop state to continue from."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        data = _load_plain_data(path)
         if not isinstance(data, dict) or not {"model", "optimizer", "rng", "state"} <= set(data):
             raise ValueError("not a treegym checkpoint")
         missing = trainable_names(model) - set(data["model"])
@@ -104,6 +111,15 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             raise KeyError(f"weights missing for {sorted(missing)[:3]}")
         rngs = data["rng"]
         state = TrainState(**data["state"])
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found:  # weights_only refused a callable: say which, in one line
+            raise CheckpointError(f"checkpoint {path} holds more than tensors and plain data ({found.group(1)}), so it "
+                                  "is not loaded (a checkpoint may not run code); delete it to resume from an older "
+                                  "one") from None
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"checkpoint {path} cannot be loaded (UnpicklingError: {first}); delete it to resume "
+                              "from an older one") from None
     except Exception as exc:  # torch.load of a torn or foreign file raises almost anything
         raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {exc}); "
                               "delete it to resume from an older one") from exc
@@ -120,6 +136,21 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                               "resume with the config it was written with") from exc
     set_rng_state(rngs[rank], generators)
     return state
+
+
+def _load_plain_data(path: Path) -> Any:
+    """``torch.load`` of tensors and plain data only: a pickle that names any other callable is
+    refused before anything in it runs. Checkpoints written before numpy's RNG state was a list
+    hold numpy arrays; these alone are allowed besides (an array is data, not code)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "numpy" not in str(exc):
+            raise
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray  # numpy 2, numpy 1
+    arrays = [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(arrays):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def load_latest_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0,

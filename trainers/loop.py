@@ -33,10 +33,11 @@ from treegym.agents.rollout.scoring import HeldOut
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.agents.tree_html import write_tree_html
 from treegym.envs import registry as env_registry
-from treegym.envs.core import success
+from treegym.envs.core import failed_to_run, success
 from treegym.errors import TreegymError
 from treegym.trainers import engines, parallel
 from treegym.trainers import update as upd
+from treegym.trainers.advantages import without_failed_runs
 from treegym.trainers.algorithms import Algorithm, get_algorithm
 from treegym.trainers.checkpoint import (
     TrainState,
@@ -261,8 +262,9 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
     t0, cpu0 = time.time(), time.process_time()
     cfg, dist, device, state = run.cfg, run.dist, run.device, run.state
     run.engine.before_update()  # a colocated vLLM engine gives the GPU back for the update
-    rollouts = batch.rollouts
-    adv = run.algo.advantage(rollouts, **run.algo.advantage_options(cfg))
+    # A rollout that could not run (an unreachable tool) is out of the group statistics and the loss.
+    rollouts, adv = without_failed_runs(run.algo.advantage, batch.rollouts, **run.algo.advantage_options(cfg))
+    ran = [r for r in rollouts if failed_to_run(r.info) is None]
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     data = pad_rollouts(rollouts, pad_id, {"advantages": adv.advantages, "weights": adv.weights})
 
@@ -301,7 +303,8 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
         "resampled": bud.resampled,
     }
     totals = parallel.all_sum_named({
-        **counts, "reward": sum(r.reward for r in rollouts), "success": sum(success(r.info) for r in rollouts),
+        **counts, "reward": sum(r.reward for r in ran), "success": sum(success(r.info) for r in ran),
+        "ran": len(ran),
         "logprob_gap": upd.logprob_gap(data, old_logp), "action_tokens": sum(data.mask.sum(-1).tolist()),
     }, dist, device)
     state.tokens_total += int(totals["generated_tokens"])
@@ -309,8 +312,10 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
     for key in CURRENCY_TOTALS:  # running totals in every budget currency, for the held-out curves (log_eval)
         state.extra[key] = state.extra.get(key, 0) + totals[key.removesuffix("_total")]
     n = max(totals["trajectories"], 1.0)
+    failed = int(totals["trajectories"] - totals["ran"])
     return {
-        "reward": totals["reward"] / n, "success": totals["success"] / n, **{k: int(totals[k]) for k in counts},
+        "reward": totals["reward"] / max(totals["ran"], 1.0), "success": totals["success"] / max(totals["ran"], 1.0),
+        **{k: int(totals[k]) for k in counts}, **({"failed_to_run": failed} if failed else {}),
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)),
         "distinct_action_share": distinct_action_share(batch.trees), **adv.stats,
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,

@@ -11,6 +11,9 @@ that are not a run's.
   manifest is someone else's, and is refused.
 - A running run holds the folder's lock (``LOCK``, an ``flock`` that dies with its process), so
   a second run of the same name is refused at once instead of interleaving with the first.
+- Nothing is written through a symlink: the lock, the manifest and ``config.yaml`` are opened
+  with ``O_NOFOLLOW``, and a folder where any name a run writes is a symlink is refused before
+  anything is written, so a planted link cannot make a run overwrite a file outside ``out_dir``.
 - A resumed run must have the config that the folder was started with, except for the fields
   in ``MAY_CHANGE_ON_RESUME``; otherwise it is refused with the list of what changed.
 """
@@ -18,6 +21,7 @@ that are not a run's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -53,7 +57,7 @@ class RunLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / LOCK
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd: int | None = open_no_symlink(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -71,6 +75,35 @@ class RunLock:
             self._fd = None
 
 
+def open_no_symlink(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_NOFOLLOW)``; a symlink there is a clear ``ConfigError``."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(_link_message(path)) from None
+        raise
+
+
+def write_no_symlink(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (created or truncated), never through a symlink."""
+    fd = open_no_symlink(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _link_message(path: Path) -> str:
+    return (f"{path} is a symbolic link: treegym writes nothing in a run folder through a link (it could lead "
+            "outside run.out_dir); remove it, or choose another run.name")
+
+
+def refuse_symlinks(folder: Path) -> None:
+    """Refuse ``folder`` if any name a run writes there is a symlink."""
+    for name in (LOCK, MANIFEST, *RUN_FILES, *RUN_DIRS):
+        if (folder / name).is_symlink():
+            raise ConfigError(_link_message(folder / name))
+
+
 def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
     """``run.out_dir/run.name`` (a stamped default name); a name that would leave ``out_dir`` is refused."""
     name = cfg.run.name or f"{cfg.algo}-{cfg.env.replace(':', '_').replace('/', '_')}-{stamp}"
@@ -78,6 +111,8 @@ def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
     if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name or name.startswith("~"):
         raise ConfigError(f"run.name must be a relative folder name inside run.out_dir (no absolute path, '..', "
                           f"'~' or '\\'), got {name!r}; set run.out_dir to choose where runs go")  # fmt: skip
+    if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in parts):
+        raise ConfigError(f"run.name {name[:60]!r}... has a folder name over 255 bytes, more than a file system holds")
     out = Path(cfg.run.out_dir).expanduser()
     folder = out / name
     if not folder.resolve().is_relative_to(out.resolve()):  # a symlink out of it
@@ -92,7 +127,17 @@ def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"run folder {folder} is a file; choose another run.name or run.out_dir")
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # under a file, not allowed, too deep
+        raise ConfigError(f"cannot make run folder {str(folder)[:160]} ({exc.strerror or exc}); choose another "
+                          "run.name or run.out_dir") from None
+    try:
+        refuse_symlinks(folder)
+    except ConfigError:
+        if created:
+            _remove_empty(folder)
+        raise
     new_lock = not (folder / LOCK).exists()
     lock = None
     try:
@@ -124,9 +169,9 @@ def _prepare(cfg: TrainConfig, folder: Path) -> None:
         why = "run.resume=false" if not cfg.run.resume else "it has no checkpoint to resume from"
         warnings.warn(f"starting {folder} over ({why}): removing the old run's files", stacklevel=3)
         clear_run_files(folder)
-    (folder / MANIFEST).write_text(json.dumps({"written_by": "treegym", "files": [*RUN_FILES, *RUN_DIRS]}) + "\n")
+    write_no_symlink(folder / MANIFEST, json.dumps({"written_by": "treegym", "files": [*RUN_FILES, *RUN_DIRS]}) + "\n")
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_no_symlink(folder / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def config_changes(saved_path: Path, cfg: TrainConfig) -> list[str]:

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from treegym import cli_bench
 from treegym.agents import cli_eval, cli_serve
@@ -22,8 +23,16 @@ COMMAND_MODULES = [cli_play, cli_bench, cli_index, cli_data, cli_web, cli_train,
                    cli_study, cli_serve_env]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, as treegym's own (the usage is one ``--help`` away).
+    Subcommand parsers are made of this class too (``add_subparsers`` uses the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="treegym",
         description="Forkable ReAct environments and tree-search RL trainers for LLM agents.",
     )
@@ -31,6 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMAND_MODULES:
         module.add_commands(sub)
     return parser
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError: what the OS said, and about which path (shortened)."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    name = exc.filename if exc.filename is not None else None
+    if name is None:
+        return what
+    text = str(name)
+    return f"{what}: {text if len(text) <= 120 else text[:100] + '...'}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args) or 0)
     except TreegymError as exc:
         print(f"treegym {args.command}: error: {exc}", file=sys.stderr)
+        code = 2
+    except OSError as exc:  # a path the user gave that cannot be used: too long, under a file, not allowed
+        print(f"treegym {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         print(f"treegym {args.command}: interrupted", file=sys.stderr)

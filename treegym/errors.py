@@ -1,4 +1,5 @@
-"""User-facing errors. The CLI prints their message and exits 2; nothing else is caught there."""
+"""User-facing errors. The CLI prints their message and exits 2; besides them it catches only an
+``OSError`` (a path the user gave that cannot be used), printed as one line too."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from treegym.envs.household.tasks import (
     task_ids,
 )
 from treegym.envs.household.text import extract_command, opening_prompt
-from treegym.envs.household.world import Action, State, actions, apply, goal_met, look_text
+from treegym.envs.household.world import Action, State, actions, apply, game_problem, goal_met, look_text
 from treegym.envs.registry import Family, register_family
 
 NOTHING = "Nothing happens."
@@ -185,6 +185,15 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         goal = self.task().world.goal
         return listing.listed_commands(self._actions(self.state.game)[1], goal.task_type, goal.obj, goal.target,
                                        self.list_top_n, self.list_max_tokens)
+
+    def state_problem(self, state: HouseholdState) -> str | None:
+        try:
+            world = make_task(state.task_id).world
+        except (ValueError, KeyError, IndexError):  # ConfigError is a ValueError
+            return f"state.task_id {state.task_id[:40]!r} is no task"
+        if not 0 <= state.steps <= self.max_steps:
+            return f"state.steps is {state.steps}, not in 0..{self.max_steps}"
+        return game_problem(world, state.game)
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         s = self.state

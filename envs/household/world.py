@@ -91,6 +91,22 @@ class State:
             return -1
 
 
+def game_problem(world: World, state: State) -> str | None:
+    """What makes ``state`` impossible in ``world`` (an index out of range, two things held); None if nothing."""
+    recs, items = range(len(world.receptacles)), range(len(world.items))
+    if state.loc != MIDDLE and state.loc not in recs:
+        return f"state.game.loc is {state.loc}, not a receptacle of this task"
+    if len(state.where) != len(world.items):
+        return f"state.game.where places {len(state.where)} objects, not this task's {len(world.items)}"
+    if any(w != HELD and w not in recs for w in state.where) or state.where.count(HELD) > 1:
+        return "state.game.where puts an object in no receptacle of this task (or two in the hands)"
+    for name, valid in (("opened", recs), ("clean", items), ("hot", items), ("cool", items), ("toggled", items),
+                        ("sliced", items)):
+        if not all(i in valid for i in getattr(state, name)):
+            return f"state.game.{name} names an index this task does not have"
+    return None
+
+
 def _with(state: State, **changes: object) -> State:
     """A copy of ``state`` with some fields changed (faster than ``dataclasses.replace``)."""
     fields = {name: getattr(state, name) for name in State.__slots__}

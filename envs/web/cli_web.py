@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from treegym.errors import ConfigError
+from treegym.options import float_in, int_in
+from treegym.retrieval_index.retrievers import MAX_K
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +29,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--corpus", default="wiki",
                        help="'wiki' (built-in), 'synthetic' (the generated world), a FlashRAG JSONL file, or a folder "
                             "holding corpus.jsonl")
-    serve.add_argument("--limit", type=int, default=None, help="serve only the first N documents")
-    serve.add_argument("--latency-ms", type=float, default=0.0, help="delay every response, to mimic a real network")
+    serve.add_argument("--limit", type=int_in(1), default=None, help="serve only the first N documents")
+    serve.add_argument("--latency-ms", type=float_in(0.0, 60_000.0), default=0.0, help="delay every response, to mimic a real network")
     serve.set_defaults(func=_serve)
 
     search = sub.add_parser("search", help="run one query through a search backend and print the results",
@@ -36,13 +38,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     search.add_argument("query")
     search.add_argument("--backend", default="local", help="local (in-process local web), local:URL, searxng:URL, "
                                                           "retrieve:URL, brave or serper")
-    search.add_argument("-k", type=int, default=5, help="results to show")
+    search.add_argument("-k", type=int_in(1, MAX_K), default=5, help="results to show")
     search.set_defaults(func=_search)
 
     browse = sub.add_parser("browse", help="fetch a page and print it as the agent reads it (first part)")
     browse.add_argument("url")
-    browse.add_argument("--page-chars", type=int, default=2000, help="characters per part")
-    browse.add_argument("--part", type=int, default=1, help="which part to print")
+    browse.add_argument("--page-chars", type=int_in(1), default=2000, help="characters per part")
+    browse.add_argument("--part", type=int_in(1), default=1, help="which part to print")
     browse.set_defaults(func=_browse)
     web.set_defaults(func=lambda args: (web.print_help(), 0)[1])
 
@@ -58,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     docs = load_docs(args.corpus, args.limit)
     try:
         web = LocalWeb(docs, host=args.host, port=args.port, latency_s=args.latency_ms / 1000)
-    except (OSError, OverflowError) as exc:
+    except (OSError, OverflowError, UnicodeError, TypeError, ValueError) as exc:
         raise ConfigError(f"cannot bind {args.host}:{args.port} ({getattr(exc, 'strerror', None) or exc}); pick another --port") from exc
     # The first line names the URL, so scripts can start it with --port 0 and read where it is.
     print(f"serving {len(docs)} articles on {web.url}  (search: {web.url}/search?q=...&format=json)", flush=True)

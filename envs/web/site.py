@@ -12,17 +12,19 @@ import os
 import re
 import shutil
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from treegym.errors import ConfigError
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, seal, seal_problem
 from treegym.retrieval_index.corpus import Document, corpus_hash, read_jsonl, wiki_documents
 
 MAX_LINKS_PER_PAGE = 40
 MIN_DOCS_TO_CACHE = 2000  # smaller corpora index in well under a second
+SEAL = "seal.json"  # written last in a cached index folder: its files, sizes and SHA-256
 MAX_TITLE_WORDS = 6
 MAX_CACHED_PAGES = 20_000
 _WORD = re.compile(r"[\w][\w'’.\-]*")
@@ -58,18 +60,24 @@ class Site:
         # Indexing the whole built-in corpus takes seconds; the index is kept in the cache
         # folder under the corpus hash, so every later start loads it instead.
         folder = cache_dir("web", "bm25") / corpus_hash(self.docs)[:20]
-        if (folder / "done").exists():
-            try:
-                return bm25s.BM25.load(str(folder))
-            except (OSError, ValueError, KeyError):
-                pass  # a damaged cache entry: rebuild below
+        if folder.exists():
+            # bm25s loads a cut or garbled array without a word, and searches give other results:
+            # only a folder whose seal matches every file is used.
+            problem = seal_problem(folder / SEAL)
+            if problem is None:
+                try:
+                    return bm25s.BM25.load(str(folder))
+                except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                    problem = f"bm25s cannot read it ({type(exc).__name__})"
+            warnings.warn(f"rebuilding the local web's cached index {folder}: {problem}", stacklevel=2)
+            shutil.rmtree(folder, ignore_errors=True)
         tokens = bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en", show_progress=False)
         index = bm25s.BM25()
         index.index(tokens, show_progress=False)
         if len(self.docs) >= MIN_DOCS_TO_CACHE:
             tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
             index.save(str(tmp))
-            (tmp / "done").touch()
+            seal(tmp / SEAL, [p for p in tmp.rglob("*") if p.is_file()])  # last: the folder is whole
             with contextlib.suppress(OSError):  # another process got there first: keep theirs
                 os.replace(tmp, folder)
             if tmp.exists():

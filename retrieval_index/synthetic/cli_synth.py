@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from treegym.options import int_in
+from treegym.retrieval_index.retrievers import MAX_K
 from treegym.retrieval_index.synthetic.questions import FAMILIES, MAX_HOPS
 from treegym.retrieval_index.synthetic.world import MAX_PASSAGES, MIN_PASSAGES
 
@@ -29,7 +31,7 @@ def add_synth(actions: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--passages", type=int, required=True, metavar="N",
                    help=f"corpus size in passages ({MIN_PASSAGES:,} to {MAX_PASSAGES:,}; two per entity)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="world seed (default: 0)")
+    p.add_argument("--seed", type=int_in(0), default=0, metavar="S", help="world seed (default: 0)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write into (created)")
     p.add_argument("--questions", type=int, metavar="Q",
                    help="how many questions to generate (default: passages/2, at most 20,000)")
@@ -40,7 +42,7 @@ def add_synth(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--validate", default="auto", metavar="INDEX",
                    help="retriever the oracle checks questions with: auto (bm25 up to 200k passages, "
                         "else none), none, bm25, flat, hnsw, ivfpq, hybrid (default: auto)")
-    p.add_argument("-k", type=int, default=3, help="search depth for validation (default: 3)")
+    p.add_argument("-k", type=int_in(1, MAX_K), default=3, help="search depth for validation (default: 3)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run_synth)
 
@@ -54,7 +56,7 @@ def add_synth(actions: argparse._SubParsersAction) -> None:
     oracle.add_argument("--world", type=Path, required=True, metavar="DIR", help="a folder from `treegym data synth`")
     oracle.add_argument("--index", nargs="+", default=["bm25", "hybrid"], metavar="TYPE",
                         help="retrievers to try: flat, hnsw, ivfpq, bm25, hybrid (default: bm25 hybrid)")
-    oracle.add_argument("-k", type=int, default=3, help="passages per search (default: 3)")
+    oracle.add_argument("-k", type=int_in(1, MAX_K), default=3, help="passages per search (default: 3)")
     oracle.add_argument("--split", default="all", help="train, dev, test or all (default: all)")
     oracle.set_defaults(func=run_oracle)
 

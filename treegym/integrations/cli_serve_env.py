@@ -17,7 +17,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             "Serve a treegym env with OpenEnv's server (openenv 0.10): WebSocket /ws (reset, step, state), "
             "HTTP POST /reset, POST /step, GET /state, /schema, /health; plus POST /fork, "
             "POST /snapshot, POST /restore, GET /tasks, GET /episodes and DELETE /episodes/ID. A fork is a new episode "
-            "id in its parent's state; a session drives it with reset(attach=ID). "
+            "id in its parent's state; a session drives it with reset(attach=ID, session=TOKEN); every route that names an episode takes the "
+            "calling session's token (X-Treegym-Session). "
             "Needs `pip install 'treegym[openenv]'`."
         ),
     )
@@ -31,6 +32,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-forks", type=int, default=16,
                         help="live forks per session at most; they count against it and are freed with it (default: 16)")
     parser.add_argument("--max-snapshots", type=int, default=1024, help="live snapshots at most (default: 1024)")
+    parser.add_argument("--max-session-snapshots", type=int, default=128,
+                        help="live snapshots per session at most, so no session takes them all (default: 128)")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds after which an unused episode, session or snapshot expires (default: 600)")
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
@@ -50,7 +53,8 @@ def _serve(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     server = serve(args.env_id, kwargs, split=args.split, host=args.host, port=args.port, max_episodes=args.max_episodes,
-                   max_forks=args.max_forks, max_snapshots=args.max_snapshots, idle_timeout_s=args.idle_timeout,
+                   max_forks=args.max_forks, max_snapshots=args.max_snapshots,
+                   max_session_snapshots=args.max_session_snapshots, idle_timeout_s=args.idle_timeout,
                    mcp=args.mcp, max_body_bytes=args.max_body_bytes)
     print(f"serving {args.env_id} over OpenEnv at {server.url} (WebSocket {server.url}/ws; Ctrl-C to stop)",
           file=sys.stderr, flush=True)

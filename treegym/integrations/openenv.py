@@ -7,10 +7,14 @@ OpenEnv's own routes speak its protocol unchanged: the WebSocket ``/ws`` (``rese
 the episode id). Episodes live in a bounded ``EpisodeStore`` under ids, so extension routes
 can address them: ``POST /fork``, ``POST /snapshot``, ``POST /restore``, ``GET /tasks``,
 ``GET /episodes``, ``DELETE /episodes/ID``. A fork is a new episode id that starts in its
-parent's state; a session drives it with ``reset(attach=ID)``. Ids are the server's, and
-unguessable; an episode, its forks and its snapshots belong to the session that made them
-(``episodes.py``). Labels never go on the wire (``treegym.envs.public_info``). MCP is off
-unless asked for; request bodies are capped (413). Needs ``pip install 'treegym[openenv]'``.
+parent's state; a session drives it with ``reset(attach=ID, session=TOKEN)``. Ids are the
+server's, and unguessable; an episode, its forks and its snapshots belong to the session that
+made them (``episodes.py``), and a route that names one must say which session calls: the
+session's secret token (its ``state``'s ``session_token``) in the ``X-Treegym-Session``
+header. Labels never go on the wire (``treegym.envs.public_info``). MCP is off unless asked
+for; request bodies are capped (413); a WebSocket client past ``--max-episodes`` gets the
+capacity error, with its limit and a retry hint, and a 1013 close. Needs
+``pip install 'treegym[openenv]'``.
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ from treegym.integrations.episodes import (
     SessionLimitError,
     jsonable,
 )
-from treegym.integrations.wire import WireLimits
+from treegym.integrations.wire import CLOSE_TRY_AGAIN_LATER, CapacityReply, WireLimits
 
 try:
     import httpx
     import uvicorn
-    from fastapi import FastAPI, Request, WebSocketDisconnect
+    from fastapi import Depends, FastAPI, Header, HTTPException, Request, WebSocketDisconnect
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from openenv.core.client_types import StepResult
@@ -53,11 +57,13 @@ try:
         State,
     )
     from pydantic import BaseModel, Field
+    from websockets.exceptions import ConnectionClosed
 except ImportError:
     raise MissingPackageError("openenv", "treegym's OpenEnv server",
                               "pip install 'treegym[openenv]'") from None
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SESSION_HEADER = "X-Treegym-Session"  # the caller's session token, on every route that names an episode
 MAX_BODY_BYTES = 4 << 20  # an action of max_action_chars (1 Mi characters) fits, in any UTF-8
 
 
@@ -94,6 +100,9 @@ class TreegymState(State):
     """The session's episode: its id and step count, plus the env id, task and parent."""
 
     env_id: str = ""
+    session_token: str = Field(default="", description=f"this session's secret: send it as {SESSION_HEADER} "
+                               "to fork, snapshot, restore or delete its episodes, or as reset(session=...) "
+                               "to drive one of its forks from another connection")
     task_id: str | None = None
     parent_id: str | None = Field(default=None, description="the episode this one was forked from")
     done: bool = False
@@ -112,15 +121,19 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
         super().__init__()
         self.store = store
         self.episode_id: str | None = None
+        self.token = store.open_session(self)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              attach: str | None = None, options: dict[str, Any] | None = None, **kwargs: Any) -> TreegymObservation:
+              attach: str | None = None, session: str | None = None, options: dict[str, Any] | None = None,
+              **kwargs: Any) -> TreegymObservation:
         """Start a new episode (``seed``, ``task_id``), or ``attach`` to a live one (a fork) and
-        carry on from its state. The server picks the episode id (unguessable), so an
+        carry on from its state; a fork of another connection's session needs that session's
+        token as ``session``. The server picks the episode id (unguessable), so an
         ``episode_id`` of the client's choice is refused. ``options`` is gymnasium's
         ``reset(options=...)``, passed to the env (``{"task_id": ...}`` is the same as ``task_id``)."""
         if kwargs:
-            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, task_id, attach, options")
+            raise ConfigError(f"reset: unknown options {sorted(kwargs)}; it takes seed, task_id, attach, session, "
+                              "options")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"reset: seed must be an integer, got {seed!r}")
         if episode_id is not None:
@@ -129,7 +142,8 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
         if options is not None and not isinstance(options, dict):
             raise ConfigError(f"reset: options must be a JSON object, got {type(options).__name__}")
         if attach is not None:
-            ep = self.store.attach(str(attach), owner=self)
+            caller = self if session is None else self.store.session(str(session))
+            ep = self.store.attach(str(attach), owner=self, caller=caller)
             self._leave(keep=str(attach))
             self.episode_id = str(attach)
             return TreegymObservation.of(ep.last, self.episode_id)
@@ -141,15 +155,16 @@ class TreegymEnvironment(Environment[TreegymAction, TreegymObservation, TreegymS
     def step(self, action: TreegymAction, timeout_s: float | None = None, **kwargs: Any) -> TreegymObservation:
         if self.episode_id is None:
             raise ConfigError("step() before reset(): call reset() (or reset(attach=ID) to drive a fork)")
-        return TreegymObservation.of(self.store.step(self.episode_id, action.text), self.episode_id)
+        return TreegymObservation.of(self.store.step(self.episode_id, action.text, self), self.episode_id)
 
     @property
     def state(self) -> TreegymState:
         if self.episode_id is None:
-            return TreegymState(env_id=self.store.env_id)
-        ep = self.store.get(self.episode_id)
+            return TreegymState(env_id=self.store.env_id, session_token=self.token)
+        ep = self.store.get(self.episode_id, self)
         return TreegymState(episode_id=self.episode_id, step_count=ep.steps, env_id=self.store.env_id,
-                            task_id=ep.task_id, parent_id=ep.parent_id, done=ep.last.done)
+                            session_token=self.token, task_id=ep.task_id, parent_id=ep.parent_id,
+                            done=ep.last.done)
 
     def get_metadata(self) -> EnvironmentMetadata:
         doc = (type(self.store.template.unwrapped).__doc__ or "").strip().splitlines()
@@ -204,6 +219,8 @@ def make_app(store: EpisodeStore, *, mcp: bool = False, max_body_bytes: int = MA
     if not mcp:  # a treegym env has no MCP tools, and each MCP session would take a session slot
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/mcp"]
     app.add_middleware(QuietSessionEnd)
+    app.add_middleware(CapacityReply, retry_after_s=min(5.0, store.idle_timeout_s),
+                       idle_timeout_s=store.idle_timeout_s)
     app.add_middleware(WireLimits, max_body_bytes=max_body_bytes, mcp=mcp)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket frame limit, for EnvServer
 
@@ -217,19 +234,26 @@ def make_app(store: EpisodeStore, *, mcp: bool = False, max_body_bytes: int = MA
         # FastAPI's own handler echoes the input, and a NaN in it is not JSON: a 500 instead of a 422.
         return JSONResponse({"detail": jsonable(exc.errors())}, status_code=422)
 
+    def caller(token: str | None = Header(default=None, alias=SESSION_HEADER, max_length=255)) -> object | None:
+        if token is None:
+            raise HTTPException(401, f"name the calling session: send its session_token (from its state) in the "
+                                     f"{SESSION_HEADER} header")  # fmt: skip
+        return store.session(token)  # an unknown token calls as nobody: every episode is "not found"
+
     @app.post("/fork", tags=["treegym"], summary="Fork an episode: a new episode id in the same state")
-    def fork_episode(request: EpisodeRequest) -> dict[str, Any]:
-        child = store.fork(request.episode_id)
+    def fork_episode(request: EpisodeRequest, session: object | None = Depends(caller)) -> dict[str, Any]:
+        child = store.fork(request.episode_id, session)
         obs = TreegymObservation.of(store.get(child).last, child)
         return {"episode_id": child, "parent_id": request.episode_id, **serialize_observation(obs)}
 
     @app.post("/snapshot", tags=["treegym"], summary="Save an episode's state under a snapshot id")
-    def snapshot_episode(request: EpisodeRequest) -> dict[str, Any]:
-        return {"snapshot_id": store.snapshot(request.episode_id), "episode_id": request.episode_id}
+    def snapshot_episode(request: EpisodeRequest, session: object | None = Depends(caller)) -> dict[str, Any]:
+        return {"snapshot_id": store.snapshot(request.episode_id, session), "episode_id": request.episode_id}
 
     @app.post("/restore", tags=["treegym"], summary="Put an episode back into a snapshot's state")
-    def restore_episode(request: RestoreRequest) -> dict[str, Any]:
-        obs = TreegymObservation.of(store.restore(request.episode_id, request.snapshot_id), request.episode_id)
+    def restore_episode(request: RestoreRequest, session: object | None = Depends(caller)) -> dict[str, Any]:
+        last = store.restore(request.episode_id, request.snapshot_id, session)
+        obs = TreegymObservation.of(last, request.episode_id)
         return {"episode_id": request.episode_id, "snapshot_id": request.snapshot_id, **serialize_observation(obs)}
 
     @app.get("/tasks", tags=["treegym"], summary="The env's task ids (each a valid reset task_id), or null")
@@ -241,11 +265,12 @@ def make_app(store: EpisodeStore, *, mcp: bool = False, max_body_bytes: int = MA
     def episodes() -> dict[str, Any]:
         live, snaps = store.counts()
         return {"live_episodes": live, "max_episodes": store.max_episodes, "max_forks": store.max_forks,
-                "snapshots": snaps, "max_snapshots": store.max_snapshots, "idle_timeout_s": store.idle_timeout_s}
+                "snapshots": snaps, "max_snapshots": store.max_snapshots,
+                "max_session_snapshots": store.max_session_snapshots, "idle_timeout_s": store.idle_timeout_s}
 
     @app.delete("/episodes/{episode_id}", tags=["treegym"], summary="Free an episode (a fork no longer needed)")
-    def delete_episode(episode_id: str) -> dict[str, Any]:
-        store.delete(episode_id)
+    def delete_episode(episode_id: str, session: object | None = Depends(caller)) -> dict[str, Any]:
+        store.delete(episode_id, session)
         return {"deleted": episode_id}
 
     return app
@@ -280,8 +305,9 @@ class EnvServer:
             raise ConfigError(f"--port must be in 0..65535 (0 picks a free one), got {port}")
         try:
             self.socket = tcp_listener(host, port)
-        except OSError as exc:
-            raise ConfigError(f"cannot bind {host}:{port} ({exc.strerror or exc}); pick another --port") from None
+        except (OSError, UnicodeError, TypeError, ValueError) as exc:  # a host that cannot even be encoded, too
+            raise ConfigError(f"cannot bind {host[:60]}:{port} ({getattr(exc, 'strerror', None) or exc}); pick "
+                              "another --port or --host") from None
         self.host, self.port = host, self.socket.getsockname()[1]
         self.app = app
         self.server: uvicorn.Server | None = None
@@ -357,7 +383,7 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
 
     async def fork(self) -> str:
         """Fork this session's episode; returns the new episode's id (drive it with
-        ``reset(attach=id)`` from another client)."""
+        ``reset(attach=id, session=this.session_token())`` from another client)."""
         return (await self._post("/fork", {"episode_id": await self._episode_id()}))["episode_id"]
 
     async def snapshot(self) -> str:
@@ -369,6 +395,19 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
         body = await self._post("/restore", {"episode_id": await self._episode_id(), "snapshot_id": snapshot_id})
         return self._parse_result(body)
 
+    async def session_token(self) -> str:
+        """This session's secret: what another client passes as ``reset(attach=ID, session=...)``
+        to drive one of its forks. Share it only with clients that may act for this session."""
+        return (await self.state()).session_token
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await super()._send_and_receive(message)
+        except ConnectionClosed as exc:  # a server at capacity says why in its close frame
+            if exc.rcvd is not None and exc.rcvd.code == CLOSE_TRY_AGAIN_LATER:
+                raise TreegymError(exc.rcvd.reason) from None
+            raise
+
     async def _episode_id(self) -> str:
         episode_id = (await self.state()).episode_id
         if episode_id is None:
@@ -377,8 +416,9 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         loopback = urlsplit(self.http_url).hostname in LOOPBACK  # no proxy between us and a local server
+        headers = {SESSION_HEADER: await self.session_token()}
         async with httpx.AsyncClient(base_url=self.http_url, trust_env=not loopback, timeout=60.0) as http:
-            response = await http.post(path, json=body)
+            response = await http.post(path, json=body, headers=headers)
         if response.status_code != 200:
             try:
                 detail = response.json().get("detail", response.text)
@@ -390,18 +430,21 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
 
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, split: str | None = None,
           host: str = "127.0.0.1", port: int = 8002, max_episodes: int = 64, max_forks: int = 16,
-          max_snapshots: int = 1024, idle_timeout_s: float = 600.0, mcp: bool = False,
-          max_body_bytes: int = MAX_BODY_BYTES) -> EnvServer:
+          max_snapshots: int = 1024, max_session_snapshots: int = 128, idle_timeout_s: float = 600.0,
+          mcp: bool = False, max_body_bytes: int = MAX_BODY_BYTES) -> EnvServer:
     """Bind ``host:port``, make ``env_id`` (``treegym.envs.make``) and set up its OpenEnv app; then
     call the returned server's ``serve_forever()`` (or ``start()`` for a background thread)."""
-    if max_episodes < 1 or max_snapshots < 1 or max_forks < 0 or not idle_timeout_s > 0 or max_body_bytes < 1024:
-        raise ConfigError("--max-episodes and --max-snapshots must be at least 1, --max-forks at least 0, "
-                          "--idle-timeout above 0, --max-body-bytes at least 1024")
+    if (max_episodes < 1 or max_snapshots < 1 or max_session_snapshots < 1 or max_forks < 0
+            or not idle_timeout_s > 0 or max_body_bytes < 1024):
+        raise ConfigError("--max-episodes, --max-snapshots and --max-session-snapshots must be at least 1, "
+                          "--max-forks at least 0, --idle-timeout above 0, "
+                          "--max-body-bytes at least 1024")
     server = EnvServer(host, port)  # a taken port fails before a big env is built
     try:
         template = make(env_id, split, **(env_kwargs or {}))
         store = EpisodeStore(template, env_id, max_episodes=max_episodes, max_forks=max_forks,
-                             max_snapshots=max_snapshots, idle_timeout_s=idle_timeout_s)
+                             max_snapshots=max_snapshots, max_session_snapshots=max_session_snapshots,
+                             idle_timeout_s=idle_timeout_s)
     except BaseException:
         server.socket.close()
         raise

@@ -1,5 +1,5 @@
 """What a server lets through its door, as ASGI middleware: request bodies up to a cap (a 413
-past it), and only WebSocket messages it can answer.
+past it), only WebSocket messages it can answer, and a refusal for capacity that every client sees.
 
 openenv-core's ``/ws`` handler reads ``message.get("type")`` outside its own error handling,
 so a message that is valid JSON but not an object (``[]``, ``1``) ends the session; here such a
@@ -89,3 +89,57 @@ class WireLimits:
         if data.get("type") == "mcp" and not self.mcp:
             return "this server serves no MCP (start serve-env with --mcp to turn it on)"
         return None
+
+
+CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455's "try again later": the server is full, not broken
+
+
+class CapacityReply:
+    """ASGI middleware: a WebSocket client refused for capacity learns why, whatever it does.
+
+    openenv-core sends its capacity error and closes with 1000 (a normal close) at once, so a
+    client that sends its first message meanwhile sees only a clean close. Here the error gets
+    a retry hint (``retry_after_s``), and the close says the same in its frame: code 1013 and
+    the message as its reason, which every client reads even after its send failed.
+    """
+
+    def __init__(self, app: Any, *, retry_after_s: float, idle_timeout_s: float) -> None:
+        self.app, self.retry_after_s, self.idle_timeout_s = app, retry_after_s, idle_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope.get("type") != "websocket":
+            await self.app(scope, receive, send)
+            return
+        refusal: str | None = None
+
+        async def checked_send(message: dict[str, Any]) -> None:
+            nonlocal refusal
+            if message["type"] == "websocket.send" and refusal is None:
+                message, refusal = self._with_hint(message)
+            elif message["type"] == "websocket.close" and refusal is not None:
+                message = {**message, "code": CLOSE_TRY_AGAIN_LATER, "reason": _clip(refusal, 123)}
+            await send(message)
+
+        await self.app(scope, receive, checked_send)
+
+    def _with_hint(self, message: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        text = message.get("text") or ""
+        if '"CAPACITY_REACHED"' not in text:
+            return message, None
+        try:
+            reply = json.loads(text)
+            data = reply["data"]
+            limit = data["max_sessions"]
+        except (ValueError, KeyError, TypeError):
+            return message, None
+        hint = (f"server at capacity: {data.get('active_sessions', limit)} of {limit} sessions (--max-episodes); "
+                f"retry in {self.retry_after_s:g} s (a session frees its slot when it closes, or after "
+                f"{self.idle_timeout_s:g} s idle)")
+        data.update({"message": hint, "retry_after_s": self.retry_after_s})
+        short = f"server at capacity: {limit} sessions (--max-episodes); retry in {self.retry_after_s:g} s"
+        return {**message, "text": json.dumps(reply)}, short
+
+
+def _clip(text: str, max_bytes: int) -> str:
+    """``text`` cut to ``max_bytes`` of UTF-8 (a close frame's reason holds at most 123)."""
+    return text.encode("utf-8")[:max_bytes].decode("utf-8", "ignore")

@@ -80,9 +80,17 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
 
 def _cmd_study(args: argparse.Namespace) -> int:
     grid = grid_from_args(args)
+    if not args.out.strip():
+        raise ConfigError("--out is empty; name the folder for results.jsonl and report.md")
     out = Path(args.out).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; the study needs a folder for results.jsonl and report.md")
+    try:  # made now, so that a folder that cannot be made (/proc/x, under a file) stops the study before any run
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make --out {str(out)[:120]} ({exc.strerror or exc}); choose another folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out {out} is not writable; choose another folder")
     results = out / "results.jsonl"
     if results.exists() and not results.is_file():
         raise ConfigError(f"{results} is not a file; choose another --out")
