@@ -75,7 +75,8 @@ class _HFEngine:
         from treegym.agents.policy import SamplingParams
 
         self.events.append("generate")
-        s = sampling_params
+        assert len(sampling_params) == len(prompts)  # one per request: a seeded call gives each its own seed
+        s = sampling_params[0]
         assert all(set(p) <= set(standin.MANIFEST["classes"]["vllm.inputs.TokensPrompt"]["fields"]) for p in prompts)
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_tokens,
                                 stop=tuple(s.stop or ()), ignore_eos=s.ignore_eos)
@@ -91,14 +92,10 @@ class _HFEngine:
     def wake_up(self, tags: list[str]) -> None:
         self.events.append("wake:" + ",".join(tags))
 
-    def apply_model(self, func: Any) -> list[Any]:
-        hf = self.hf
-
-        class Module:
-            def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
-                hf.load_state_dict(dict(named), strict=True)
-
-        return [func(Module())]
+    def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> list[Any]:
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]  # the worker's in-place reload
+        self.hf.load_state_dict(dict(kwargs["weights_iterator"]), strict=True)
+        return [None]
 
     def reset_prefix_cache(self) -> None:
         self.events.append("reset")
