@@ -202,3 +202,53 @@ def test_a_weight_push_changes_greedy_output_exactly_as_it_changes_transformers(
     assert max(diffs) < 1e-3
     engine.load_weights(model.state_dict().items())  # and back: the engine follows every push
     assert [list(g.token_ids) for g in engine.generate(contexts, GREEDY)] == original
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory, hf: tuple[Any, Any]) -> str:
+    """A 1-layer random Llama over SmolLM2's tokenizer and chat template, with a head size vLLM's CPU
+    attention takes (32): a training step through the real engine in seconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = hf
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "tree-grpo"])
+def test_training_with_the_vllm_backend_samples_the_trained_weights_after_every_push(
+    algo: str, tiny_llama: str, tmp_path: Any
+) -> None:
+    from treegym.trainers import loop, parallel
+    from treegym.trainers.config import load_config
+
+    cfg = load_config(overrides=[
+        ("algo", algo), ("env", "TreeSearchQA-v0"), ("model", tiny_llama), ("sampler.backend", "vllm"), ("steps", 2),
+        ("sampler.max_new_tokens", 16), ("sampler.max_turns", 2), ("prompts_per_step", 2), ("sampler.group_size", 4),
+        ("optim.lr", 1e-2), ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.05), ("run.eval_n", 0),
+        ("run.out_dir", str(tmp_path)), ("run.tensorboard", False), ("run.save_every", 0)])  # fmt: skip
+    dist, device = parallel.setup_distributed(cfg.model_opts.device)
+    try:
+        run = loop.setup(cfg, loop._open_folder(cfg, dist)[0], dist, device)
+        policy = run.engine.policy
+        assert isinstance(policy, VLLMPolicy) and run.engine.backend == "vllm"
+        sampled = SamplingParams(temperature=1.0, max_new_tokens=12, stop=(), seed=5)
+        for step in (1, 2):
+            batch = loop.sample(run)
+            old = copy.deepcopy(run.model).eval()
+            loop.train_step(run, batch)  # the update, then the weight push
+            assert policy.weight_pushes == step and not policy.asleep
+            run.model.eval()
+            contexts = [r.token_ids[: r.loss_mask.index(1)] for r in batch.rollouts[:3]]
+            gens = policy.generate(contexts, sampled)
+            new_gap, old_gap = ([abs(a - b) for c, g in zip(contexts, gens)
+                                 for a, b in zip(g.logprobs, hf_logprobs(m, c, g.token_ids))] for m in (run.model, old))
+            assert max(new_gap) < 1e-3 < max(old_gap), (max(new_gap), max(old_gap))  # the trained weights, not the old
+    finally:
+        parallel.teardown_distributed()
