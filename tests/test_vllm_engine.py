@@ -10,6 +10,7 @@ the whole module; every result is checked against transformers on the same weigh
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,13 +111,15 @@ def test_a_stop_string_ends_the_turn_and_is_kept_in_its_text(engine: VLLMPolicy,
 
 def test_ignore_eos_runs_the_turn_to_max_new_tokens(engine: VLLMPolicy, hf: tuple[Any, Any]) -> None:
     _, tok = hf
-    context = chat_prompt_ids(tok, [{"role": "user", "content": "Reply with the single word: yes"}])
-    short = engine.generate([context], SamplingParams(temperature=0.0, max_new_tokens=16, stop=()))[0]
-    assert short.finish_reason == "stop" and len(short.token_ids) < 16  # the model ends its reply with EOS
-    assert short.token_ids[-1] == tok.eos_token_id
-    full = engine.generate([context], SamplingParams(temperature=0.0, max_new_tokens=16, stop=(), ignore_eos=True))[0]
-    assert full.finish_reason == "length" and len(full.token_ids) == 16
-    assert list(full.token_ids[: len(short.token_ids)]) == list(short.token_ids)  # the same turn, carried on
+    context = chat_prompt_ids(tok, [{"role": "user", "content": "Is Paris in France? Answer yes or no."}])
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=48, stop=(), seed=11)
+    short = engine.generate([context] * 8, seeded)
+    ended = [i for i, g in enumerate(short) if g.token_ids[-1] == tok.eos_token_id]
+    assert ended and all(short[i].finish_reason == "stop" and len(short[i].token_ids) < 48 for i in ended)
+    full = engine.generate([context] * 8, dataclasses.replace(seeded, ignore_eos=True))  # the same seeds
+    for i in ended:  # the same turn, carried on past its EOS
+        assert full[i].finish_reason == "length" and len(full[i].token_ids) == 48
+        assert full[i].token_ids[: len(short[i].token_ids)] == short[i].token_ids
 
 
 def test_exclude_first_draws_the_first_token_from_the_rest(engine: VLLMPolicy, hf: tuple[Any, Any],
