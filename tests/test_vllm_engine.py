@@ -237,8 +237,9 @@ def test_training_with_the_vllm_backend_samples_the_trained_weights_after_every_
         ("optim.lr", 1e-2), ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.05), ("run.eval_n", 0),
         ("run.out_dir", str(tmp_path)), ("run.tensorboard", False), ("run.save_every", 0)])  # fmt: skip
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
+    folder, lock = loop._open_folder(cfg, dist)
     try:
-        run = loop.setup(cfg, loop._open_folder(cfg, dist)[0], dist, device)
+        run = loop.setup(cfg, folder, dist, device)
         policy = run.engine.policy
         assert isinstance(policy, VLLMPolicy) and run.engine.backend == "vllm"
         sampled = SamplingParams(temperature=1.0, max_new_tokens=12, stop=(), seed=5)
@@ -254,4 +255,6 @@ def test_training_with_the_vllm_backend_samples_the_trained_weights_after_every_
                                  for a, b in zip(g.logprobs, hf_logprobs(m, c, g.token_ids))] for m in (run.model, old))
             assert max(new_gap) < 1e-3 < max(old_gap), (max(new_gap), max(old_gap))  # the trained weights, not the old
     finally:
+        if lock is not None:
+            lock.release()
         parallel.teardown_distributed()
