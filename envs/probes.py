@@ -33,6 +33,9 @@ legal move is an invalid action (``info["invalid_action"]``) and counts as wrong
   turns run out). Agent tasks look like this: many turns, failures you can see, a payoff
   only on success.
 
+``ProbeTask-v0`` (``probe_family.py``) spans these properties as arguments of one env, with a
+generator that draws a task's parameters from a seed, so that a study can hold tasks out.
+
 The terminal step's info holds ``success`` and ``em`` (equal: 1.0 or 0.0). A step after the
 episode ended raises ``TreegymError``, as the QA envs do.
 """
@@ -91,6 +94,8 @@ class ProbeEnv(ForkableEnv[ProbeState]):
 
     dense = False
     obs_words = 1  # words per observation (the probe model's context length is sized by it)
+    vocab = VOCAB  # the probe model's words
+    opening: str | None = None  # a fixed word every turn opens with, before its move (None: the move is first)
 
     def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0, render_mode: str | None = None) -> None:
         super().__init__(max_obs_chars=16, max_action_chars=4096, render_mode=render_mode)
@@ -118,6 +123,15 @@ class ProbeEnv(ForkableEnv[ProbeState]):
 
     def feedback(self, state: ProbeState, hit: bool) -> str:
         return "ok" if hit else "no"
+
+    def prior_answer(self, state: ProbeState, looked: str | None) -> str | None:
+        """The move a ``uses_tools`` format prior plays here, given the last looked-up result
+        (None: a uniform legal move): the answer turn copies the result."""
+        return looked if looked in self.legal_moves(state) and state.turn == self.horizon - 1 else None
+
+    def shape(self) -> dict[str, Any]:
+        """Arguments beyond horizon, choices and key seed that change the task (the model cache's key)."""
+        return {}
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -264,4 +278,5 @@ PROBE_IDS = {
     "ProbeLock-v0": "treegym.envs.probes:ProbeLockEnv",
     "ProbeLookup-v0": "treegym.envs.probes:ProbeLookupEnv",
     "ProbeMaze-v0": "treegym.envs.probes:ProbeMazeEnv",
+    "ProbeTask-v0": "treegym.envs.probe_family:ProbeTaskEnv",  # the parametric family (probe_family.py)
 }
