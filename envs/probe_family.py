@@ -141,7 +141,7 @@ class ProbeTaskEnv(ProbeEnv):
         self.state = s = replace(s, done=done)
         info: dict[str, Any] = {"turn": s.turn, "invalid_action": not legal, "tool_calls": s.calls,
                                 "failed_step": self.failure == "visible" and not looked and not hit,
-                                "positions_passed": s.correct}
+                                "positions_passed": s.correct, "move": move}
         reward = 0.0
         if done:
             info["success"] = info["em"] = float(won)
