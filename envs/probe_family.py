@@ -191,14 +191,15 @@ class ProbeTaskParams:
     distractors: int
     prior: str  # a probe model prior (envs.probe_model.PRIORS)
     key_seed: int
+    max_chain_tokens: int | None = None  # the cap it was drawn under (a capped draw is another task)
 
     @property
     def name(self) -> str:
-        return f"p{self.seed:03d}"
+        return f"p{self.seed:03d}" + (f"c{self.max_chain_tokens}" if self.max_chain_tokens is not None else "")
 
     def env_kwargs(self) -> dict[str, Any]:
         """``ProbeTaskEnv``'s arguments (the env id is ``ProbeTask-v0``)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("seed", "turn_tokens", "prior")}
+        return {k: v for k, v in asdict(self).items() if k not in ("seed", "turn_tokens", "prior", "max_chain_tokens")}
 
     def make(self) -> ProbeTaskEnv:
         return ProbeTaskEnv(**self.env_kwargs())
@@ -213,7 +214,7 @@ class ProbeTaskParams:
         return ", ".join([*parts, f"prior {PRIOR_NAMES[self.prior]}"])
 
 
-def _draw(rng: random.Random, seed: int) -> ProbeTaskParams:
+def _draw(rng: random.Random, seed: int, max_chain_tokens: int | None) -> ProbeTaskParams:
     horizon = rng.randint(2, 12)
     failure = rng.choice(FAILURES)
     choices = rng.choice((2, 2, 3, 4))
@@ -229,6 +230,7 @@ def _draw(rng: random.Random, seed: int) -> ProbeTaskParams:
         seed=seed, horizon=horizon, choices=choices, failure=failure, slack=slack, turn_tokens=turn_tokens,
         opening=opening, tools=tools, tool_cost=rng.choice((0.0, 0.05, 0.2)) if tools else 0.0,
         distractors=rng.choice((0, 0, 1, 2)), prior=rng.choice(priors), key_seed=rng.randrange(1000),
+        max_chain_tokens=max_chain_tokens,
     )  # fmt: skip
 
 
@@ -263,7 +265,7 @@ def sample_task(seed: int, max_chain_tokens: int | None = None) -> ProbeTaskPara
     """
     rng = random.Random(f"treegym-probe-task:{seed}")
     for _ in range(1000):
-        params = _draw(rng, seed)
+        params = _draw(rng, seed, max_chain_tokens)
         if max_chain_tokens is not None and params.horizon * params.turn_tokens > max_chain_tokens:
             continue
         if MIN_CHANCE <= chance(params) <= MAX_CHANCE:

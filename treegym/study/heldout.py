@@ -86,7 +86,8 @@ def family_split(n_select: int, n_report: int, seed: int = 0, chains: int = 384,
         if len(tasks) == n_select + n_report:
             break
         params = sample_task(task_seed, max_chain_tokens)
-        if all(replace(params, seed=0) != replace(t, seed=0) for t in tasks):
+        if all(replace(params, seed=0, max_chain_tokens=None) != replace(t, seed=0, max_chain_tokens=None)
+               for t in tasks):
             tasks.append(params)
     random.Random(f"treegym-split:{seed}").shuffle(tasks)
     made = [family_task(p, chains) for p in tasks]
