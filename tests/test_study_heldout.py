@@ -114,8 +114,9 @@ def test_the_task_and_seed_bootstrap_is_wider_when_tasks_disagree() -> None:
 
 def test_held_out_study_runs_end_to_end_and_reports_each_report_task(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(cli_study, "family_split", lambda n, m, **kw: family_split(n, m, chains=32, max_chain_tokens=4))
-    monkeypatch.setitem(METHODS, "grpo", Method("grpo", "grpo", tune=TWO_LRS))
-    monkeypatch.setitem(METHODS, "fork", Method("fork", "tree-grpo", METHODS["fork"].overrides, tune=TWO_LRS))
+    one_lr = TWO_LRS[1:]
+    monkeypatch.setitem(METHODS, "grpo", Method("grpo", "grpo", tune=one_lr))
+    monkeypatch.setitem(METHODS, "fork", Method("fork", "tree-grpo", METHODS["fork"].overrides, tune=one_lr))
     args = ["study", "--held-out", "--quick", "--split", "1,1", "--out", str(tmp_path), "--seeds", "2", "--workers", "2",
             "--quiet"]
     assert main(args) == 0
@@ -123,7 +124,7 @@ def test_held_out_study_runs_end_to_end_and_reports_each_report_task(monkeypatch
     assert not [r for r in records if "error" in r], records
     selection = [r for r in records if r["phase"] == "select"]
     report = [r for r in records if r["phase"] == "report"]
-    assert len(selection) == 1 * 2 * 2 * 1 and len(report) == 1 * 2 * 2
+    assert len(selection) == 1 * 2 * 1 * 1 and len(report) == 1 * 2 * 2  # tasks x methods x settings x seeds
     assert not {r["task"] for r in selection} & {r["task"] for r in report}
     text = (tmp_path / "report.md").read_text()
     assert "## The claim (report tasks" in text and "aggregate Δ vs grpo" in text
