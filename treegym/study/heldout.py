@@ -89,6 +89,9 @@ def family_split(n_select: int, n_report: int, seed: int = 0, chains: int = 384,
         if all(replace(params, seed=0, max_chain_tokens=None) != replace(t, seed=0, max_chain_tokens=None)
                for t in tasks):
             tasks.append(params)
+    if len(tasks) < n_select + n_report:
+        raise ConfigError(f"the probe family gave {len(tasks)} distinct tasks in {SPLIT_SEEDS} seeds, "
+                          f"fewer than the {n_select + n_report} the split asks for")
     random.Random(f"treegym-split:{seed}").shuffle(tasks)
     made = [family_task(p, chains) for p in tasks]
     return Split(tuple(made[:n_select]), tuple(made[n_select:]), tuple((p.name, p) for p in tasks))
