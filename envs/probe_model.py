@@ -12,6 +12,7 @@ With ``prior="uses_tools"`` the prior's episodes that call the Lookup tool answe
 result: the model knows what a tool's result is for, as an instruct LLM does, and calls it only
 at the format's rate (1 in ``choices + 1`` first turns), so RL has to learn *when* to call. With
 the default ``"uniform"`` prior it must also learn to use the result (the chicken-and-egg).
+``prior="random"`` skips the prior: the random-init model knows neither format nor moves.
 
 Models are cached under ``TREEGYM_HOME/probe-models``, keyed by every input, so a grid of
 runs builds each one once.
@@ -27,13 +28,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from treegym.envs.probes import FILLER, LOOK, SYMBOLS, VOCAB, ProbeEnv
+from treegym.envs.probes import FILLER, LOOK, SYMBOLS, ProbeEnv
 from treegym.paths import cache_dir
 
 MODEL_VERSION = 2
 PRIOR_STEPS = 300
 PRIOR_EPISODES = 64  # per batch
-PRIORS = ("uniform", "uses_tools")
+PRIORS = ("uniform", "uses_tools", "random")
 
 
 def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0, prior: str = "uniform") -> Path:
@@ -42,6 +43,8 @@ def probe_model_folder(env: ProbeEnv, turn_tokens: int, seed: int = 0, prior: st
            "turn_tokens": turn_tokens, "seed": seed, "version": MODEL_VERSION}  # fmt: skip
     if hasattr(env, "doors"):
         key["doors"] = env.doors
+    if env.shape():
+        key["shape"] = env.shape()
     if prior != "uniform":
         key["prior"] = prior
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -53,7 +56,8 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
     """Build (once) the tiny model for ``env``'s format; return its HF folder.
 
     ``steps`` of the format prior; the cached default folder always uses ``PRIOR_STEPS``.
-    ``prior``: ``"uniform"`` or ``"uses_tools"`` (see the module doc).
+    ``prior``: ``"uniform"``, ``"uses_tools"`` (see the module doc) or ``"random"`` (no prior:
+    the random-init model, which knows neither the format nor the moves).
     """
     if prior not in PRIORS:
         raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
@@ -68,18 +72,20 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[PAD]"))
+    vocab = env.vocab
+    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[PAD]"))
     tok.pre_tokenizer = WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
     torch.manual_seed(seed)
     longest = 1 + env.horizon * (turn_tokens + env.obs_words)
     config = LlamaConfig(
-        vocab_size=len(VOCAB), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max(64, 2 * longest),
         pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
     )  # fmt: skip
     model = LlamaForCausalLM(config)
-    _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps, prior)
+    if prior != "random":
+        _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps, prior)
     # Written aside and renamed, so that parallel study workers never read half a model.
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     model.save_pretrained(tmp)
@@ -94,7 +100,11 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
 def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random,
                    prior: str = "uniform") -> tuple[list[str], list[int]]:
     """Words of one episode with uniformly random legal moves, and 1 on each action word; under
-    ``prior="uses_tools"`` the last move of an episode that looked is the looked-up result."""
+    ``prior="uses_tools"`` the move after a look uses its result where the env says so
+    (``prior_answer``). A turn opens with the env's ``opening`` word, when it has one."""
+    head_words = 1 + (env.opening is not None)
+    if turn_tokens < head_words:
+        raise ValueError(f"a turn of {turn_tokens} token(s) cannot hold the opening word and the move")
     seed = rng.randrange(2**31)
     obs, _ = env.reset(seed=seed)
     words, mask = obs.split(), [0] * len(obs.split())
@@ -103,9 +113,10 @@ def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random,
     while not done:
         legal = env.legal_moves(env.state)
         move = rng.choice(legal)
-        if prior == "uses_tools" and looked in legal and env.state.turn == env.horizon - 1:
-            move = looked
-        action = [move] + [rng.choice(free) for _ in range(turn_tokens - 1)]
+        if prior == "uses_tools":
+            move = env.prior_answer(env.state, looked) or move
+        head = [move] if env.opening is None else [env.opening, move]
+        action = head + [rng.choice(free) for _ in range(turn_tokens - head_words)]
         obs, _, terminated, truncated, _ = env.step(" ".join(action))
         done = terminated or truncated
         looked = obs if move == LOOK else looked

@@ -33,6 +33,9 @@ legal move is an invalid action (``info["invalid_action"]``) and counts as wrong
   turns run out). Agent tasks look like this: many turns, failures you can see, a payoff
   only on success.
 
+``ProbeTask-v0`` (``probe_family.py``) spans these properties as arguments of one env, with a
+generator that draws a task's parameters from a seed, so that a study can hold tasks out.
+
 The terminal step's info holds ``success`` and ``em`` (equal: 1.0 or 0.0). A step after the
 episode ended raises ``TreegymError``, as the QA envs do.
 """
@@ -92,6 +95,8 @@ class ProbeEnv(ForkableEnv[ProbeState]):
 
     dense = False
     obs_words = 1  # words per observation (the probe model's context length is sized by it)
+    vocab = VOCAB  # the probe model's words
+    opening: str | None = None  # a fixed word every turn opens with, before its move (None: the move is first)
 
     def __init__(self, horizon: int = 4, choices: int = 2, key_seed: int = 0, render_mode: str | None = None) -> None:
         super().__init__(max_obs_chars=16, max_action_chars=4096, render_mode=render_mode)
@@ -131,6 +136,14 @@ class ProbeEnv(ForkableEnv[ProbeState]):
             return f"state.turn ({state.turn}) and state.correct ({state.correct}) are not 0 <= correct <= turn " \
                    f"<= {self.horizon}"
         return None
+    def prior_answer(self, state: ProbeState, looked: str | None) -> str | None:
+        """The move a ``uses_tools`` format prior plays here, given the last looked-up result
+        (None: a uniform legal move): the answer turn copies the result."""
+        return looked if looked in self.legal_moves(state) and state.turn == self.horizon - 1 else None
+
+    def shape(self) -> dict[str, Any]:
+        """Arguments beyond horizon, choices and key seed that change the task (the model cache's key)."""
+        return {}
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -276,12 +289,13 @@ class ProbeMazeEnv(ProbeEnv):
 
 
 # Each probe is a family of its own, with no training defaults and no expert: the study sets its
-# shape (horizon, choices) per task (``treegym.study.grid``).
-PROBE_IDS: dict[str, type[ForkableEnv]] = {
-    "ProbeKeys-v0": ProbeKeysEnv,
-    "ProbeLock-v0": ProbeLockEnv,
-    "ProbeLookup-v0": ProbeLookupEnv,
-    "ProbeMaze-v0": ProbeMazeEnv,
+# shape (horizon, choices) per task (``treegym.study.grid``); ProbeTask-v0 is the parametric family.
+PROBE_IDS: dict[str, str] = {
+    "ProbeKeys-v0": "treegym.envs.probes:ProbeKeysEnv",
+    "ProbeLock-v0": "treegym.envs.probes:ProbeLockEnv",
+    "ProbeLookup-v0": "treegym.envs.probes:ProbeLookupEnv",
+    "ProbeMaze-v0": "treegym.envs.probes:ProbeMazeEnv",
+    "ProbeTask-v0": "treegym.envs.probe_family:ProbeTaskEnv",  # the parametric family (probe_family.py)
 }
-for _id, _cls in PROBE_IDS.items():
-    register_family(Family(id=_id, entry_point=f"{_cls.__module__}:{_cls.__qualname__}"))
+for _id, _entry in PROBE_IDS.items():
+    register_family(Family(id=_id, entry_point=_entry))

@@ -186,3 +186,17 @@ def test_after_tool_never_forks_a_finished_episode() -> None:
     tree = _tree(0, {0: (None, None, False), 1: (0, 1.0, False)})
     tree.nodes[1].turn.tool_calls = 1  # the call ended the episode: nothing to branch after it
     assert tool_points(tree) == []
+
+
+def test_adaptive_branches_where_outcomes_differ_and_draws_fresh_chains_where_they_agree() -> None:
+    # Prompt 0: its two trees disagree (a win and a loss); prompt 1: both lost.
+    trees = [_chain(0, 1.0), _chain(0, 0.0, index=1), _chain(1, 0.0), _chain(1, 0.0, index=1)]
+    picks = get_rule("adaptive")(Forest(trees, 2, 1, random.Random(0)))
+    assert len(picks) == 8  # the whole budget, as the reference spends it
+    assert sorted(p for p in picks if p[0] in (2, 3)) == [(2, 0), (2, 0), (3, 0), (3, 0)]  # fresh chains only
+    assert all(t in (0, 1) for t, _ in picks[:4]) and any(node != 0 for t, node in picks if t in (0, 1))
+
+
+def test_adaptive_on_a_forest_that_cannot_teach_is_grpo_shaped() -> None:
+    trees = [_chain(0, 0.0), _chain(0, 0.0, index=1)]
+    assert get_rule("adaptive")(Forest(trees, 2, 1, random.Random(0))) == [(0, 0), (1, 0), (0, 0), (1, 0)]

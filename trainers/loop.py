@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from treegym.agents.rollout.context import resolve_mode
+from treegym.agents.rollout.diagnostics import distinct_first_moves, effective_trajectories
 from treegym.agents.rollout.distinct import distinct_action_share
 from treegym.agents.rollout.samplers import distinct_share
 from treegym.agents.rollout.scoring import HeldOut
@@ -318,6 +319,7 @@ def train_step(run: Run, batch: RolloutBatch) -> dict[str, float]:
         **{k: int(totals[k]) for k in counts}, **({"failed_to_run": failed} if failed else {}),
         "distinct_frac": distinct_share(batch.trees, max(1, cfg.sampler.distinct)),
         "distinct_action_share": distinct_action_share(batch.trees), **adv.stats,
+        "distinct_first": distinct_first_moves(batch.trees), "eff_trajectories": effective_trajectories(batch.trees),
         "tokens_total": state.tokens_total, "logprob_gap": totals["logprob_gap"] / dist.world,
         "action_tokens_per_traj": totals["action_tokens"] / n,
         "adv_abs": float(torch.cat(adv.advantages).abs().mean()) if rollouts else 0.0,

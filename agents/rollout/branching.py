@@ -28,7 +28,10 @@ The built-in rules:
 - ``restart``: fork the state just before a step that the env flagged as failed;
 - ``pivot+restart``: pivot in prompts whose outcomes already differ, restarts in the others;
 - ``after_tool``: fork the states where a tool result just arrived (ARPO), so that the branches
-  reuse the call; the rest of the budget as ``pivot+restart``.
+  reuse the call; the rest of the budget as ``pivot+restart``;
+- ``adaptive``: per prompt and round, branch (as pivot) where the prompt's outcomes differ, and
+  draw fresh chains from the prompt where they are all alike: GRPO's behaviour where forks
+  cannot pay.
 """
 
 from __future__ import annotations
@@ -365,3 +368,28 @@ def after_tool(forest: Forest) -> list[Choice]:
     out = _weighted(forest.rng, scored, min(forest.budget, len(scored)))
     left = forest.budget - len(out)
     return out + pivot_restart(forest)[:left] if left > 0 else out
+
+
+@branching_rule("adaptive")
+def adaptive(forest: Forest) -> list[Choice]:
+    """Branch or draw fresh chains, decided per prompt and round from the within-group reward
+    variance (``sampler.expansion=adaptive``).
+
+    A prompt whose finished leaves differ in reward has a signal that forks can localise: its share
+    of the budget goes to pivot's choices in its trees. A prompt whose leaves all agree (an all-0
+    group on a sparse task) gives a fork nothing to compare against, and a branch from a failed
+    trajectory shares its prefix and mostly its failure; there the share goes to the root, so each
+    branch is a fresh, independent chain from the prompt, as GRPO would draw. Every prompt spends
+    its whole share (pivot's unspent choices become fresh chains too), so the rule costs what the
+    reference costs.
+    """
+    by_prompt = _outcomes(forest, range(len(forest.trees)))
+    out: list[Choice] = []
+    for prompt, positions in forest.prompts().items():
+        share = forest.per_tree * len(positions)
+        picks = []
+        if len(set(by_prompt.get(prompt, []))) > 1:
+            picks = _weighted(forest.rng, _pivot_scores(forest, positions), share)
+        fresh = share - len(picks)
+        out += picks + [(positions[i % len(positions)], 0) for i in range(fresh)]
+    return out

@@ -8,6 +8,10 @@ Three phases, each resumable from the same results file:
    credit shape) at its base algorithm's tuned setting, on ablation seeds;
 3. report: every method at its tuned setting, on report seeds never used to choose anything,
    at every budget; then report.md with tables, paired differences and plots.
+
+``--held-out`` runs the task-held-out protocol instead (``treegym.study.heldout``): tasks drawn
+from the parametric probe family, every choice made on selection tasks, the claim made once on
+report tasks (default split: 12 + 12 tasks).
 """
 
 from __future__ import annotations
@@ -21,6 +25,18 @@ from pathlib import Path
 
 from treegym.errors import ConfigError
 from treegym.study.grid import METHODS, TASKS, Grid, improved_methods, quick_grid
+from treegym.study.heldout import (
+    DEFAULT_ALSO,
+    DEFAULT_CANDIDATES,
+    Protocol,
+    choose,
+    default_split,
+    family_split,
+    quick_split,
+    report_runs,
+    selection_runs,
+)
+from treegym.study.heldout_report import write_held_out_report
 from treegym.study.report import choose_settings, write_report
 from treegym.study.run import run_all, stop_on_signals
 
@@ -78,8 +94,59 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     return grid
 
 
+def protocol_from_args(args: argparse.Namespace) -> Protocol:
+    """The held-out protocol of ``--held-out`` (and ``--quick``, ``--split``, ``--methods``, seeds, budget)."""
+    if args.tasks or args.extra_tasks:
+        raise ConfigError("--held-out draws its tasks from the probe family: use --split N,M, not --tasks")
+    quick = args.quick
+    if args.split:
+        if len(args.split) != 2 or min(args.split) < 1:
+            raise ConfigError(f"--split takes two counts, selection and report tasks (e.g. 12,12), got {args.split}")
+        split = family_split(*args.split, **({"chains": 96, "max_chain_tokens": 8} if quick else {}))
+    else:
+        split = quick_split() if quick else default_split()
+    methods = args.methods or (("grpo", "fork") if quick else ("grpo", *DEFAULT_CANDIDATES))
+    if "grpo" not in methods:
+        raise ConfigError("the study compares every method with GRPO: keep grpo in --methods")
+    if any(m.endswith("+") for m in methods):
+        raise ConfigError("the + methods are built from ablations, which --held-out does not run")
+    if args.budgets and len(args.budgets) != 1 or any(b < 2 or b % 2 for b in args.budgets or ()):
+        raise ConfigError(f"--held-out runs one even budget B >= 2, got {args.budgets}")
+    return Protocol(
+        split=split, candidates=tuple(m for m in methods if m != "grpo"),
+        also=() if quick or args.methods else DEFAULT_ALSO, budget=(args.budgets or (4,))[0],
+        select_seeds=tuple(range(1000, 1000 + (args.tune_seeds or (1 if quick else 3)))),
+        report_seeds=tuple(range(args.seeds or (4 if quick else 16))), max_settings=2 if quick else 0,
+        eval_n=32 if quick else 64,
+    )  # fmt: skip
+
+
+def _held_out(args: argparse.Namespace, out: Path, results: Path) -> int:
+    protocol = protocol_from_args(args)
+    workers = args.workers or max(1, min(os.cpu_count() or 1, 8))
+    runs_dir, quiet, t0 = out / "runs", args.quiet, time.time()
+    split = protocol.split
+    print(f"study (held-out): {len(split.selection)} selection tasks, {len(split.report)} report tasks; "
+          f"candidates {', '.join(protocol.candidates)} against {protocol.baseline}; B={protocol.budget}; "
+          f"{workers} workers; results in {results}")
+    methods = {m: METHODS[m] for m in protocol.methods}
+    select = run_all(selection_runs(protocol, methods), results, runs_dir, workers, "select", progress=not quiet)
+    choice = choose(protocol, select)
+    print(f"chosen on the selection tasks: {choice.variant}")
+    report = run_all(report_runs(protocol, choice, methods), results, runs_dir, workers, "report", progress=not quiet)
+    header = (f"`treegym study --held-out{' --quick' if args.quick else ''}`: {len(select) + len(report)} runs, "
+              f"{workers} workers, {time.time() - t0:.0f} s for this invocation (finished runs are reused). "
+              f"Selection seeds {', '.join(map(str, protocol.select_seeds))}; report seeds "
+              f"{protocol.report_seeds[0]}-{protocol.report_seeds[-1]}; B={protocol.budget} at equal generated "
+              f"tokens ({split.report[0].chains} chain-equivalents a run). Tasks: `ProbeTask-v0` "
+              "(treegym.envs.probe_family), drawn by seed.")
+    path = write_held_out_report(out, protocol, choice, report, header)
+    print(f"report: {path} ({time.time() - t0:.0f} s)")
+    return 0
+
+
 def _cmd_study(args: argparse.Namespace) -> int:
-    grid = grid_from_args(args)
+    grid = None if args.held_out else grid_from_args(args)
     if not args.out.strip():
         raise ConfigError("--out is empty; name the folder for results.jsonl and report.md")
     out = Path(args.out).expanduser()
@@ -96,7 +163,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         raise ConfigError(f"{results} is not a file; choose another --out")
     previous = stop_on_signals(results)
     try:
-        return _study(args, grid, out, results)
+        return _held_out(args, out, results) if grid is None else _study(args, grid, out, results)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -155,4 +222,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune-seeds", type=_count("--tune-seeds"), default=0, help="tuning seeds per setting (default 5; --quick 1)")
     p.add_argument("--no-ablations", action="store_true", help="skip the mechanism ablations")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--held-out", action="store_true", help="the task-held-out protocol: choose on selection tasks "
+                   "of the probe family, report once on report tasks")
+    p.add_argument("--split", type=_csv("count", None, int), help="with --held-out: selection and report task "
+                   "counts (default 12,12; --quick 2,2)")
     p.set_defaults(func=_cmd_study)

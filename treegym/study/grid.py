@@ -148,6 +148,10 @@ METHODS = {
     # TreeOPSD whose sibling branches begin with different moves (the reference's expansion): the
     # combination that the tuning-seed pilots of docs/study.md picked among five.
     "treeopsd+distinct": Method("treeopsd+distinct", "treeopsd", (("sampler.distinct", 1),), tune=OPSD_TUNE),
+    # Branch where a prompt's outcomes differ, fresh chains where they agree (the held-out study's
+    # candidates; agents/rollout/branching.py:adaptive).
+    "adaptive": Method("adaptive", "tree-grpo", (("sampler.expansion", "adaptive"),), tune=PG_TUNE),
+    "treeopsd+adaptive": Method("treeopsd+adaptive", "treeopsd", (("sampler.expansion", "adaptive"),), tune=OPSD_TUNE),
     # The improved forms: the mechanisms that won the ablations (see ``improved_methods``);
     # without ablations (``--quick``), the winners of the full study of benchmarks/results/study.
     "tree-grpo+": Method("tree-grpo+", "tree-grpo", (("sampler.expansion", "mixed"), ("advantage.prefix_credit", "per_leaf"),

@@ -136,6 +136,10 @@ def run_one(spec: RunSpec, out_dir: str) -> dict[str, Any]:
         "reward_first": statistics.fmean(h["reward"] for h in steps[:3]) if steps else None,
         "reward_last": statistics.fmean(h["reward"] for h in steps[-3:]) if steps else None,
         "trajectories_per_1k_tokens": 1000 * trajectories / max(generated, 1),
+        # Trees against chains (agents/rollout/diagnostics.py): distinct first moves per group, and
+        # trajectories discounted for the prefix siblings share, per 1k generated tokens.
+        "distinct_first": mean("distinct_first"),
+        "eff_traj_per_1k_tokens": 1000 * sum(h.get("eff_trajectories", 0.0) for h in steps) / max(generated, 1),
         "zero_adv_frac": mean("zero_adv_frac"), "pg_weight": mean("pg_weight"), "adv_abs": mean("adv_abs"),
         "approx_kl": mean("approx_kl"), "seconds": time.time() - t0,
     }  # fmt: skip
