@@ -86,16 +86,16 @@ def turn_ids(ctx: TokenContext, action: str, params: SamplingParams) -> list[int
     Any other (a household command) is followed by the tokenizer's EOS, which every backend
     stops on; in chat mode it is the template's end of turn (``<|im_end|>``), which
     ``observation_ids`` then leaves out of the glue, so the context is the one a rollout has.
-    Where EOS does not end a turn (``ignore_eos``), the first stop does. Without this label
-    SFT never taught the model to stop: a warm-started SmolLM2 ran on to a second command.
+    (With ``ignore_eos`` only a stop or the length ends a turn, and nothing is added.) Without
+    this label SFT never taught the model to stop: a warm-started SmolLM2 ran on to a second
+    command.
     """
+    ids = ctx.encode(action)
     stops = tuple(s for s in params.stop if s)
-    if stops and action.endswith(stops):
-        return ctx.encode(action)
     eos = getattr(ctx.tokenizer, "eos_token_id", None)
-    if isinstance(eos, int) and not params.ignore_eos:
-        return [*ctx.encode(action), eos]
-    return ctx.encode(action + stops[0]) if stops else ctx.encode(action)
+    if (stops and action.endswith(stops)) or params.ignore_eos or not isinstance(eos, int):
+        return ids
+    return [*ids, eos]
 
 
 def episode_example(ctx: TokenContext, episode: Transcript, params: SamplingParams = SamplingParams()) -> SFTExample:
