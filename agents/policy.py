@@ -9,7 +9,7 @@ reports what it actually computed in ``PolicyStats.prefill_tokens``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -30,6 +30,12 @@ class SamplingParams:
     # Token ids the first sampled token may not be (drawn from the policy renormalised over the
     # rest; its log-prob stays the policy's own). Sibling branches that must begin differently.
     exclude_first: tuple[int, ...] = ()
+
+    def with_stops(self, stops: Sequence[str]) -> SamplingParams:
+        """These params with an env's own turn delimiters (``action_stops``) added to the stops:
+        what ends a turn in that env. The samplers and the SFT labels both read it."""
+        extra = tuple(s for s in stops if s not in self.stop)
+        return replace(self, stop=(*self.stop, *extra)) if extra else self
 
 
 @dataclass(frozen=True)

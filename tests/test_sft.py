@@ -89,9 +89,9 @@ def test_wrong_and_overlong_episodes_are_not_imitated(smollm2, expert_episodes) 
     _, tokenizer = smollm2
     ctx = TokenContext(tokenizer, "chat")
     right, wrong = expert_episodes[0], Transcript("w", expert_episodes[0].messages, success=0.0)
-    kept, dropped = select_examples(ctx, [right, wrong], only_correct=True, max_action_tokens=1000)
+    kept, dropped = select_examples(ctx, [right, wrong], only_correct=True, params=SamplingParams(max_new_tokens=1000))
     assert [e.episode_id for e in kept] == [right.episode_id] and dropped["wrong"] == 1
-    kept, dropped = select_examples(ctx, [right], only_correct=True, max_action_tokens=3)
+    kept, dropped = select_examples(ctx, [right], only_correct=True, params=SamplingParams(max_new_tokens=3))
     assert kept == [] and dropped["too_long"] == 1
 
 

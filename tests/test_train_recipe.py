@@ -181,6 +181,20 @@ def test_warm_start_key_names_the_sft_section_only_where_it_is_off_its_defaults(
     assert (ws.sft.episodes, ws.sft.lr, ws.run.eval_n, ws.sampler.max_turns) == (128, 2e-4, 0, 10)
 
 
+# The default warm starts' cache folders before SFT labelled the end of a turn (warm start version 1).
+UNLABELLED_END_OF_TURN = {"TextHousehold-v0": "TextHousehold-v0-smollm2-913f97dcce10",
+                          "TreeSearchQA-v0": "TreeSearchQA-v0-smollm2-9c08ce749c83",
+                          "WebSearchQA-v0": "WebSearchQA-v0-smollm2-8174c0be0a87"}
+
+
+@pytest.mark.parametrize("env_id", sorted(UNLABELLED_END_OF_TURN))
+def test_a_warm_start_cached_before_the_end_of_turn_label_is_never_reused(env_id: str) -> None:
+    from treegym.trainers.recipe import warm_start_folder
+
+    folder = warm_start_folder(load_config(overrides=[("env", env_id)]))
+    assert folder.name.startswith(f"{env_id}-smollm2-") and folder.name != UNLABELLED_END_OF_TURN[env_id]
+
+
 def test_household_summary_reports_seen_and_unseen() -> None:
     from types import SimpleNamespace
 

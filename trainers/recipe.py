@@ -40,7 +40,9 @@ from treegym.trainers.parallel import launched, pick_device
 from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
 from treegym.trainers.sft import SFT_META, run_sft
 
-WARM_START_VERSION = 1
+# Bumped when what a warm start learns changes (2: SFT labels each action's end of turn, so
+# every warm start built before, which never learnt to stop, is rebuilt rather than reused).
+WARM_START_VERSION = 2
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
 WARM_START_EVAL = 2
 # 24 heuristic episodes (about 20 kept) x 1 epoch at 2e-4 teach SmolLM2 the format: well-formed

@@ -30,7 +30,7 @@ from treegym.trainers.config import SFTConfig, TrainConfig, validate
 from treegym.trainers.heldout import evaluate_policy
 from treegym.trainers.logprobs import TokenScorer, pad_right
 from treegym.trainers.model import load_trainable_model, make_policy
-from treegym.trainers.prompts import make_env, train_prompts
+from treegym.trainers.prompts import make_env, sampling_params, train_prompts
 from treegym.trainers.sft_data import SFTExample, collect_episodes, select_examples
 
 SFT_META = "sft.json"
@@ -200,7 +200,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
     mode = resolve_mode(s.context_mode, tokenizer)
     ctx = TokenContext(tokenizer, mode)  # type: ignore[arg-type]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    examples, dropped = select_examples(ctx, episodes, not sft.keep_wrong, s.max_new_tokens)
+    params = sampling_params(cfg).with_stops(env_registry.family(cfg.env).action_stops)  # how its turns end
+    examples, dropped = select_examples(ctx, episodes, not sft.keep_wrong, params)
     if not examples:
         raise ConfigError(f"none of the {len(episodes)} expert episodes is usable (dropped: {dropped})")
     log(f"sft: {len(examples)} episodes from {source}, dropped {dropped}; "

@@ -77,15 +77,12 @@ class _Sampler:
         if max_turns is not None and max_turns < 1:
             raise ConfigError(f"max_turns must be at least 1, got {max_turns}")
         self.policy = policy
-        self.params = params
         self.max_turns = max_turns
         self.max_context_tokens = max_context_tokens
         self.ctx = make_context(policy.tokenizer, mode)
         base = make_env() if callable(make_env) and not isinstance(make_env, gym.Env) else make_env
         self.base = base_env(base, bare=True)
-        extra = tuple(s for s in self.base.action_stops if s not in params.stop)
-        if extra:  # the env's own turn delimiters end a turn too
-            self.params = replace(params, stop=(*params.stop, *extra))
+        self.params = params.with_stops(self.base.action_stops)  # the env's own turn delimiters end a turn too
         self.pool = EnvPool()
         self.progress = progress
         s = policy.stats
