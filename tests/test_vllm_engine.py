@@ -95,7 +95,8 @@ def test_sampled_tokens_log_probs_agree_with_a_transformers_forward(engine: VLLM
     contexts = branches(tok, trunk)[:4]
     gens = engine.generate(contexts, SamplingParams(temperature=1.0, max_new_tokens=24, stop=(), seed=3))
     diffs = [abs(a - b) for c, g in zip(contexts, gens) for a, b in zip(g.logprobs, hf_logprobs(model, c, g.token_ids))]
-    assert len(diffs) == 4 * 24 and max(diffs) < 1e-3, max(diffs)
+    # a context may end at EOS before 24 tokens: every token sampled is compared
+    assert len(diffs) == sum(len(g.token_ids) for g in gens) >= 4 and max(diffs) < 1e-3, max(diffs)
 
 
 def test_a_stop_string_ends_the_turn_and_is_kept_in_its_text(engine: VLLMPolicy, hf: tuple[Any, Any],
