@@ -17,11 +17,15 @@ from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.rollout.context import TokenContext
 from treegym.agents.rollout.samplers import sample_chains
 from treegym.cli import main
+from treegym.envs.registry import family
 from treegym.errors import ConfigError, TreegymError
 from treegym.trainers.config import SFTConfig, TrainConfig, load_config
 from treegym.trainers.logprobs import TokenScorer
 from treegym.trainers.sft import batch_nll, check_writable, run_sft, train_examples
 from treegym.trainers.sft_data import SFTExample, collect_episodes, episode_example, select_examples
+
+# how a QA turn ends when the sampler plays it: at the env's own closing tags
+QA_TURN = SamplingParams().with_stops(family("TreeSearchQA-v0").action_stops)
 
 pytest_plugins = ["model_fixtures"]  # the session-scoped `smollm2` fixture
 
@@ -61,7 +65,7 @@ def _actions(ep: Transcript) -> list[str]:
 def test_example_is_the_rl_rollout_of_the_same_actions(mode: str, smollm2, qa_env, expert_episodes) -> None:
     _, tokenizer = smollm2
     ep = expert_episodes[0]
-    example = episode_example(TokenContext(tokenizer, mode), ep)
+    example = episode_example(TokenContext(tokenizer, mode), ep, QA_TURN)
     task = {"task_id": qa_env.unwrapped.items[0].id}  # the task expert_episodes[0] ran
     batch = sample_chains(ReplayPolicy(tokenizer, _actions(ep)), qa_env, [task], 1, max_turns=2, mode=mode)
     rollout = batch.rollouts[0]
@@ -73,7 +77,7 @@ def test_example_is_the_rl_rollout_of_the_same_actions(mode: str, smollm2, qa_en
 def test_loss_mask_covers_exactly_the_expert_actions(mode: str, smollm2, expert_episodes) -> None:
     _, tokenizer = smollm2
     ep = expert_episodes[0]
-    example = episode_example(TokenContext(tokenizer, mode), ep)
+    example = episode_example(TokenContext(tokenizer, mode), ep, QA_TURN)
     labelled = [t for t, m in zip(example.token_ids, example.label_mask) if m]
     assert tokenizer.decode(labelled) == "".join(_actions(ep))
     spans = [tokenizer.decode(example.token_ids[a:b]) for a, b in example.action_spans]
@@ -119,7 +123,7 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
 
     torch.manual_seed(0)
     model, tokenizer = load_model("smollm2", device="cpu", dtype=torch.float32)  # a private copy: it is trained
-    examples = [episode_example(TokenContext(tokenizer, "chat"), ep) for ep in _short_episodes()]
+    examples = [episode_example(TokenContext(tokenizer, "chat"), ep, QA_TURN) for ep in _short_episodes()]
     before = example_loss(model, examples, tokenizer.pad_token_id)
     cfg = SFTConfig(epochs=2, batch_size=3, micro_batch_size=3, lr=1e-4, warmup=0.0)
     losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False)

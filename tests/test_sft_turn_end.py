@@ -148,7 +148,8 @@ def test_a_command_gets_the_end_of_turn_and_a_tagged_action_keeps_its_own_stop(t
     household = SamplingParams().with_stops(("\n", ","))
     assert turn_ids(ctx, "go to shelf 1", household) == [*ctx.encode("go to shelf 1"), tokenizer.eos_token_id]
     search = "<think>look it up</think><search>Ada Lovelace</search>"
-    assert turn_ids(ctx, search, SamplingParams()) == ctx.encode(search)  # its stop string ends it
+    qa = SamplingParams().with_stops(registry.family("TreeSearchQA-v0").action_stops)
+    assert turn_ids(ctx, search, qa) == ctx.encode(search)  # its stop string ends it
 
 
 def test_household_warm_start_stops_after_one_admissible_command(tiny_chat_model: Path, tmp_path: Path) -> None:

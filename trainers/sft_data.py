@@ -73,7 +73,7 @@ def turn_ids(ctx: TokenContext, action: str, params: SamplingParams) -> list[int
     return [*ids, eos]
 
 
-def episode_example(ctx: TokenContext, episode: Transcript, params: SamplingParams = SamplingParams()) -> SFTExample:
+def episode_example(ctx: TokenContext, episode: Transcript, params: SamplingParams) -> SFTExample:
     """``episode`` as the RL trainer would have laid it out in context, each action and its end
     of turn labelled. ``params`` are the sampler's, with the env's stops (``with_stops``)."""
     msgs = episode.messages
