@@ -4,7 +4,6 @@ sampling parameters (its held-out prompts are ``treegym eval``'s, ``agents.eval.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -15,7 +14,7 @@ from treegym.envs import registry as env_registry
 from treegym.errors import ConfigError
 from treegym.trainers import engines, parallel
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.run_folder import run_folder_path
+from treegym.trainers.run_folder import refuse_unmakeable, run_folder_path
 
 
 def sampling_params(cfg: TrainConfig, temperature: float | None = None, top_p: float | None = None) -> SamplingParams:
@@ -46,21 +45,12 @@ def preflight(cfg: TrainConfig) -> None:
     if cfg.run.eval_n:
         for split in filter(None, (cfg.run.eval_split, cfg.run.also_eval_split)):
             env_registry.resolve_split(cfg.env, split)
-    _check_run_folder(run_folder_path(cfg, "preflight"))  # refused before a model converts, not after
+    refuse_unmakeable(run_folder_path(cfg, "preflight"))  # refused before a model converts, not after
     resolve_model_folder(cfg.model)
     if cfg.model_opts.parallel == "fsdp" and cfg.model_opts.lora:
         raise ConfigError("config field model_opts.parallel: fsdp does not shard LoRA runs (their optimiser state "
                           "is small); use model_opts.parallel=ddp with model_opts.lora=true")
     engines.resolve_backend(cfg, parallel.pick_device(cfg.model_opts.device), parallel.launched().world)
-
-
-def _check_run_folder(folder: Path) -> None:
-    """Refuse a run folder that cannot be made: one of its existing parents is not a folder."""
-    parent = folder
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"cannot make run folder {folder} (Not a directory): {parent} is a file")
 
 
 def train_prompts(ids: list[Any] | None, seed: int, start: int, count: int) -> list[Any]:

@@ -120,12 +120,22 @@ def run_folder_path(cfg: TrainConfig, stamp: str) -> Path:
     return folder
 
 
+def refuse_unmakeable(folder: Path) -> None:
+    """Refuse a run folder that is a file, or lies under one (checked before anything is loaded)."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"run folder {folder} is a file; choose another run.name or run.out_dir")
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"cannot make run folder {folder} (Not a directory): {parent} is a file")
+
+
 def open_run_folder(cfg: TrainConfig, stamp: str) -> tuple[Path, RunLock]:
     """Create (or check, to resume) the run folder of ``cfg`` and lock it; write its manifest
     and config.yaml. The caller releases the lock when the run ends."""
     folder = run_folder_path(cfg, stamp)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"run folder {folder} is a file; choose another run.name or run.out_dir")
+    refuse_unmakeable(folder)
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
