@@ -34,7 +34,6 @@ class Packed:
     src: Tensor  # [S]
     tgt: Tensor  # [S]
     index: Tensor  # [R, T-1]
-    rows_tokens: int  # tokens the per-row forward would process (the rows' real lengths, summed)
 
     @property
     def total(self) -> int:
@@ -42,7 +41,7 @@ class Packed:
 
     def to(self, device: torch.device) -> Packed:
         return Packed(self.input_ids.to(device), self.position_ids.to(device), self.ancestors.to(device),
-                      self.src.to(device), self.tgt.to(device), self.index.to(device), self.rows_tokens)
+                      self.src.to(device), self.tgt.to(device), self.index.to(device))
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> Packed:
@@ -82,8 +81,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> Packed
                 index[r, t - 1] = scored_node[node]
             prev = node
     return Packed(torch.tensor([tokens]), torch.tensor([depth]), ancestor_mask(parent),
-                  torch.tensor(src, dtype=torch.long), torch.tensor(tgt, dtype=torch.long), index,
-                  int(sum(lengths)))
+                  torch.tensor(src, dtype=torch.long), torch.tensor(tgt, dtype=torch.long), index)
 
 
 def ancestor_mask(parent: list[int]) -> Tensor:
