@@ -3,7 +3,9 @@ on real sampled trees (Tree-GRPO, TreeOPSD) and chains (GRPO) from a real tiny m
 
 The batches are grown by the samplers themselves from TinyKeysEnv with a real 1-layer Llama, with
 3-turn episodes cut at 2 turns (truncated leaves) and trees whose nodes are expanded once
-(single-child chains). Both SDPA (bool mask) and eager attention (additive mask) are checked.
+(single-child chains). Plain attention runs run by run (each row's new tokens over the row's own
+keys); the ``[P, P]`` ancestor mask, which a model with a sliding window gets instead, is checked
+against it and against the per-leaf update under SDPA (bool mask) and eager attention (additive).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from treegym.paths import cache_dir
 from treegym.trainers import update as upd
 from treegym.trainers.algorithms import get_algorithm
 from treegym.trainers.config import TrainConfig, load_config
-from treegym.trainers.logprobs import PaddedBatch, TokenScorer, pad_rollouts
-from treegym.trainers.packing import pack_rows
+from treegym.trainers.logprobs import PaddedBatch, TokenScorer, packed_logits, pad_rollouts
+from treegym.trainers.packing import pack_rows, runs_supported
 from treegym.trainers.prompts import sampling_params
 
 
@@ -149,3 +151,40 @@ def test_a_full_packed_update_steps_to_the_same_weights(tiny_model: Path) -> Non
             assert sum(stats["packed_tokens"]) < sum(stats["row_tokens"])
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(weights[0], weights[1], atol=1e-5, rtol=0)
+
+
+def test_each_run_is_a_rows_new_tokens_and_attends_to_that_rows_tokens_only(tiny_model: Path) -> None:
+    _, _, data, _ = _batch("tree-grpo", tiny_model)
+    packed = pack_rows(data.input_ids, data.attention_mask, data.mask)
+    covered = [i for run in packed.runs for i in range(run.start, run.end)]
+    assert covered == list(range(packed.total))  # the runs tile the packed sequence, in order
+    ancestors = packed.ancestors()
+    for run in packed.runs:
+        keys = run.keys.tolist()
+        # the run's keys are one row's tokens, root first: each key's parent is the key before it
+        assert packed.parent[keys[0]] == -1 and all(packed.parent[b] == a for a, b in zip(keys, keys[1:]))
+        assert keys[-(run.end - run.start):] == list(range(run.start, run.end))
+        for i, query in enumerate(range(run.start, run.end)):  # the causal mask sees the query's ancestors
+            seen = {keys[j] for j in run.mask[i].nonzero().flatten().tolist()}
+            assert seen == set(ancestors[query].nonzero().flatten().tolist())
+    area = sum((run.end - run.start) * len(run.keys) for run in packed.runs)
+    assert area < packed.total ** 2  # what the runs save over the [P, P] mask
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_run_attention_equals_the_ancestor_mask(attention: str, tiny_model: Path) -> None:
+    _, _, data, _ = _batch("treeopsd", tiny_model, seed=2)
+    packed = pack_rows(data.input_ids, data.attention_mask, data.mask)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=attention)
+    by_runs = packed_logits(model, packed, runs=True)
+    by_mask = packed_logits(model, packed, runs=False)
+    torch.testing.assert_close(by_runs, by_mask, atol=1e-5, rtol=0)
+    assert model.config._attn_implementation == attention  # restored after the packed forward
+
+
+def test_a_sliding_window_model_is_packed_with_the_ancestor_mask() -> None:
+    from transformers import Qwen2Config
+
+    plain = Qwen2Config(num_hidden_layers=2)
+    windowed = Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    assert runs_supported(plain) and not runs_supported(windowed)

@@ -12,15 +12,17 @@ that DDP sees is the forward whose gradients it reduces.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from treegym.agents.rollout.types import Rollout
 from treegym.trainers.model import base_model
-from treegym.trainers.packing import Packed
+from treegym.trainers.packing import Packed, packed_attention, runs_supported
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,27 @@ class TokenScorer(nn.Module):
         return logp, entropy
 
     def _packed_logits(self, base: nn.Module, packed: Packed) -> Tensor:
-        """Logits at the packed positions that predict a scored token, ``[S, vocab]``."""
+        return packed_logits(base, packed, runs_supported(base.config))
+
+
+def packed_logits(base: nn.Module, packed: Packed, runs: bool) -> Tensor:
+    """Logits at the packed positions that predict a scored token, ``[S, vocab]``.
+
+    With ``runs`` (plain attention), attention runs run by run (``packing.run_attention``: each
+    run's queries over its row's keys); otherwise (a sliding window, soft-capping) the model's own
+    attention gets the ``[P, P]`` ancestor mask."""
+    kwargs: dict[str, Any] = {"input_ids": packed.input_ids, "position_ids": packed.position_ids}
+    scope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if runs:
+        scope = packed_attention(base.config)
+        kwargs["tree_runs"] = packed.runs
+    else:
         eager = getattr(base.config, "_attn_implementation", "sdpa") == "eager"
-        allowed = packed.ancestors[None, None]
+        allowed = packed.ancestors()[None, None]
         # transformers uses a 4D mask as given: SDPA reads bool, eager adds it to the scores
-        mask4d = (torch.zeros(allowed.shape, dtype=base.dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(base.dtype).min) if eager else allowed)
-        kwargs = {"input_ids": packed.input_ids, "attention_mask": mask4d, "position_ids": packed.position_ids}
+        kwargs["attention_mask"] = (torch.zeros(allowed.shape, dtype=base.dtype, device=allowed.device)
+                                    .masked_fill(~allowed, torch.finfo(base.dtype).min) if eager else allowed)
+    with scope:
         if plain_head(base):
             hidden = base.get_decoder()(**kwargs).last_hidden_state[0]
             return base.get_output_embeddings()(hidden[packed.src]).float()

@@ -5,18 +5,46 @@ forwarded once instead of once per leaf.
 Rows that agree on their first t tokens (and on which of them are actions) share the hidden
 states of those tokens exactly, because a causal LM's state at a token depends only on its
 prefix. ``pack_rows`` merges the rows into a token trie, laid out parent-first; each packed token
-attends to its ancestors only (an ancestor mask), at its depth as its position. A token's
-log-prob is computed once, from its parent's hidden state, and read back by every row that
-contains it, so the loss and its gradient are the per-row computation's, summed in another
-order.
+attends to its ancestors only, at its depth as its position. A token's log-prob is computed once,
+from its parent's hidden state, and read back by every row that contains it, so the loss and its
+gradient are the per-row computation's, summed in another order.
+
+Attention is where a naive packing gives back what it saves: one ``[P, P]`` ancestor mask costs
+P² per layer however few of its entries are ancestors, which for a micro-batch of long rows is
+more than the per-row attention it replaces. The rows' new tokens lie in *runs*: row r adds one
+contiguous stretch of packed positions (from where it leaves every earlier row to its end), and a
+query of that run sees exactly row r's own tokens. So ``run_attention`` attends each run to its
+row's keys (gathered) under a causal mask, and the attention costs Σ run × row instead of P²: the
+per-row attention of the distinct queries only. It is the model's own attention (SDPA) on the
+same keys and values, so the result is the ancestor mask's to rounding.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
+
+ATTENTION = "treegym_packed"  # the attention implementation name run_attention is registered under
+
+
+@dataclass(frozen=True)
+class Run:
+    """Row r's new packed tokens ``[start, end)`` and the packed positions of all of row r's tokens
+    up to ``end`` (``keys``, in row order), with the causal mask of the run over them."""
+
+    start: int
+    end: int
+    keys: Tensor  # [L] long
+    mask: Tensor  # [end - start, L] bool: query i sees keys 0 .. L - (end - start) + i
+
+    def to(self, device: torch.device) -> Run:
+        return Run(self.start, self.end, self.keys.to(device), self.mask.to(device))
 
 
 @dataclass(frozen=True)
@@ -30,7 +58,8 @@ class Packed:
 
     input_ids: Tensor  # [1, P]
     position_ids: Tensor  # [1, P]: the token's depth in its row
-    ancestors: Tensor  # [P, P] bool: query i may attend to key j (j is i or an ancestor of i)
+    parent: Tensor  # [P] long: the packed position of each token's parent (-1 at a row's first token)
+    runs: tuple[Run, ...]  # in packed order, covering [0, P)
     src: Tensor  # [S]
     tgt: Tensor  # [S]
     index: Tensor  # [R, T-1]
@@ -39,9 +68,14 @@ class Packed:
     def total(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def ancestors(self) -> Tensor:
+        """``[P, P]`` bool: query i may attend to key j (j is i or an ancestor of i)."""
+        return ancestor_mask(self.parent.tolist()).to(self.input_ids.device)
+
     def to(self, device: torch.device) -> Packed:
-        return Packed(self.input_ids.to(device), self.position_ids.to(device), self.ancestors.to(device),
-                      self.src.to(device), self.tgt.to(device), self.index.to(device))
+        return Packed(self.input_ids.to(device), self.position_ids.to(device), self.parent.to(device),
+                      tuple(r.to(device) for r in self.runs), self.src.to(device), self.tgt.to(device),
+                      self.index.to(device))
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> Packed:
@@ -61,9 +95,12 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> Packed
     scored_node: dict[int, int] = {}  # packed position -> its index among scored tokens
     src: list[int] = []
     tgt: list[int] = []
+    runs: list[Run] = []
     index = torch.zeros(mask.shape, dtype=torch.long)
     for r, length in enumerate(lengths):
         prev = -1
+        path: list[int] = []
+        start = len(tokens)
         for t in range(int(length)):
             is_scored = t > 0 and scored[r][t - 1]
             key = (prev, ids[r][t], is_scored)
@@ -79,9 +116,19 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> Packed
                     tgt.append(ids[r][t])
             if is_scored:
                 index[r, t - 1] = scored_node[node]
+            path.append(node)
             prev = node
-    return Packed(torch.tensor([tokens]), torch.tensor([depth]), ancestor_mask(parent),
-                  torch.tensor(src, dtype=torch.long), torch.tensor(tgt, dtype=torch.long), index)
+        if len(tokens) > start:  # a row equal to an earlier one (or its prefix) adds no run
+            runs.append(_run(start, len(tokens), path))
+    return Packed(torch.tensor([tokens]), torch.tensor([depth]), torch.tensor(parent, dtype=torch.long),
+                  tuple(runs), torch.tensor(src, dtype=torch.long), torch.tensor(tgt, dtype=torch.long), index)
+
+
+def _run(start: int, end: int, path: list[int]) -> Run:
+    # A row's new tokens are its last ones: once it leaves the trie, every later token is new.
+    n, length = end - start, len(path)
+    mask = torch.arange(length)[None, :] <= (length - n + torch.arange(n))[:, None]
+    return Run(start, end, torch.tensor(path, dtype=torch.long), mask)
 
 
 def ancestor_mask(parent: list[int]) -> Tensor:
@@ -93,3 +140,47 @@ def ancestor_mask(parent: list[int]) -> Tensor:
             anc[i] = anc[p]
         anc[i, i] = True
     return anc
+
+
+def run_attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                  dropout: float = 0.0, scaling: float | None = None, tree_runs: tuple[Run, ...] = (),
+                  **kwargs: Any) -> tuple[Tensor, None]:
+    """A transformers attention function (registered as ``ATTENTION``): each run's queries attend
+    to their row's keys. ``query`` ``[1, H, P, d]``, ``key``/``value`` ``[1, H_kv, P, d]``; returns
+    ``[1, P, H, d]`` as transformers' SDPA function does."""
+    if not tree_runs:
+        raise RuntimeError(f"the {ATTENTION!r} attention needs tree_runs: it only runs a packed forward")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    outs = [
+        F.scaled_dot_product_attention(query[:, :, run.start:run.end], key[:, :, run.keys], value[:, :, run.keys],
+                                       attn_mask=run.mask, dropout_p=dropout, scale=scaling)
+        for run in tree_runs
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def runs_supported(config: Any) -> bool:
+    """Whether ``run_attention`` computes this model's attention: plain softmax attention over all
+    earlier tokens (no sliding window, no logit soft-capping, no attention sinks)."""
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    full = all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ())
+    return (window is None and full and getattr(config, "attn_logit_softcapping", None) is None
+            and hasattr(config, "num_attention_heads"))
+
+
+@contextlib.contextmanager
+def packed_attention(config: Any) -> Iterator[None]:
+    """Route the model's attention through ``run_attention`` for the duration of one forward."""
+    from transformers import AttentionInterface
+
+    if ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION, run_attention)
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
