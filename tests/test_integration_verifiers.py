@@ -7,8 +7,9 @@ endpoint here is a stub OpenAI-compatible server on 127.0.0.1 (a real HTTP serve
 Server-Sent Events as verifiers asks) that answers from a script.
 
 verifiers runs its harness program with ``uv`` (``uv sync --script`` the program's own
-dependencies on first use, cached after); the test skips without ``uv`` on PATH, since verifiers
-would otherwise download uv itself.
+dependencies on first use). Nothing here leaves 127.0.0.1: uv installs those dependencies from
+the wheels ``.ci/install-integrations`` fetched into the venv (``uv-wheels``), never from PyPI.
+The tests skip without those wheels, or without ``uv`` on PATH (verifiers would download uv).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -35,9 +38,23 @@ from treegym.integrations.verifiers import (  # noqa: E402
     TreegymEnv,
     TreegymEnvConfig,
     TreegymTasksetConfig,
+    offline_uv_env,
 )
 
 KEYS = {"horizon": 3, "choices": 2}
+WHEELS = Path(sys.prefix) / "uv-wheels"
+if not WHEELS.is_dir():
+    pytest.skip(f"verifiers' harness installs its packages from {WHEELS}: run .ci/install-integrations",
+                allow_module_level=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def uv_from_local_wheels():
+    """uv installs the harness from the prefetched wheels, so an episode downloads nothing."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in offline_uv_env(WHEELS, Path(sys.executable)).items():
+            patch.setenv(name, value)
+        yield
 
 
 def run_episode(replies: list[str], seed_tasks: int = 1):

@@ -16,15 +16,22 @@ verifiers finds a taskset by a plugin id that names a top-level module, never a 
 this module registers itself as ``treegym_verifiers`` in ``sys.modules`` on import, so
 ``TasksetConfig(id=TASKSET_ID)`` resolves in any process that imported it. Needs
 ``pip install 'treegym[verifiers]'``.
+
+verifiers' chat harness is a PEP 723 script that it installs with ``uv sync --script`` on first
+use, from PyPI. ``harness_requirements()`` lists that script's dependencies, so an install step
+can fetch them ahead of time (``.ci/install-integrations``) and ``offline_uv_env`` points uv at
+them, leaving nothing to download while episodes run.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import tomllib
 from pydantic import Field
 
 from treegym.envs import base_env, fork, make, public_info
@@ -120,7 +127,31 @@ class TreegymEnv(vf.Env[TreegymEnvConfig]):
                 trace.record_metric(key, float(info[key]))
 
 
+def harness_requirements() -> list[str]:
+    """The dependencies that verifiers' chat harness (``null`` and ``bash``) declares in its PEP 723 block."""
+    from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
+
+    lines = CHAT_PROGRAM_SOURCE.splitlines()
+    start = lines.index("# /// script") + 1
+    block = lines[start:lines.index("# ///", start)]
+    return list(tomllib.loads("\n".join(line.removeprefix("#").removeprefix(" ") for line in block))
+                .get("dependencies", []))
+
+
+def offline_uv_env(wheels: Path, python: Path) -> dict[str, str]:
+    """Environment variables under which verifiers' ``uv sync --script`` installs from ``wheels`` alone.
+
+    verifiers sets ``UV_OFFLINE=false`` for that step, so offline mode cannot be forced; instead
+    the default index is an empty local folder (no server to ask) and ``wheels`` is uv's only
+    source (``find-links``). ``python`` fixes the interpreter the wheels were fetched for.
+    """
+    no_index = wheels / "no-index"
+    no_index.mkdir(parents=True, exist_ok=True)
+    return {"UV_DEFAULT_INDEX": str(no_index), "UV_FIND_LINKS": str(wheels), "UV_PYTHON": str(python),
+            "UV_PYTHON_DOWNLOADS": "never"}
+
+
 sys.modules.setdefault(TASKSET_ID, sys.modules[__name__])
 
 __all__ = ["TASKSET_ID", "TreegymData", "TreegymEnv", "TreegymEnvConfig", "TreegymTask", "TreegymTaskset",
-           "TreegymTasksetConfig"]
+           "TreegymTasksetConfig", "harness_requirements", "offline_uv_env"]
