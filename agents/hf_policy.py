@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from treegym.agents.decode_state import PackedHead, reserve
 from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes, kv_bytes_per_token
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.sampling import find_stop, sample_tokens
@@ -63,6 +64,8 @@ class HFPolicy:
         max_batch_size: rows per forward pass; larger calls are split.
         min_shared_prefix: shortest in-batch shared prefix worth a separate prefill.
         seed: seed of the sampling generator (``SamplingParams.seed`` overrides it per call).
+        packed_head: on CPU in fp32, run the LM head on a oneDNN-reordered copy of its weight
+            (``decode_state.PackedHead``: the same logits to float rounding, 2-3x faster at a few rows).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class HFPolicy:
         max_batch_size: int = 32,
         min_shared_prefix: int = 8,
         seed: int = 0,
+        packed_head: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -97,6 +101,9 @@ class HFPolicy:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._bool_mask = getattr(model.config, "_attn_implementation", "sdpa") != "eager"
         self._weights_version = self._current_weights_version()
+        self.packed_head = packed_head
+        self._head: PackedHead | None = None
+        self._head_version = -1  # the weights version self._head was built from
 
     @classmethod
     def from_pretrained(cls, spec: str = "smollm2", device: str | None = None, **kwargs: Any) -> HFPolicy:
@@ -145,6 +152,9 @@ class HFPolicy:
             if version != self._weights_version:
                 self.prefix_cache.clear()
                 self._weights_version = version
+            if self.packed_head and self._head_version != version:
+                self._head = PackedHead.for_model(self.model)
+                self._head_version = version
             if self.reuse_prefix:
                 # One entry per row must fit, or the LRU evicts rows of this very call and every
                 # next turn prefills its whole context again (household: 32 rows x 1,500 tokens
@@ -176,8 +186,10 @@ class HFPolicy:
                 self.prefix_cache.insert(p, self._row_kv(batch, row))
             pending = [p for p in pending if p not in level]
 
-    def _prefill(self, seqs: list[list[int]], reuse_limits: list[int], count_reuse: bool = True) -> _Batch:
-        """Run each sequence's uncached suffix, batched; reuse at most ``reuse_limits[i]`` tokens.
+    def _prefill(self, seqs: list[list[int]], reuse_limits: list[int], count_reuse: bool = True,
+                 spare: int = 0) -> _Batch:
+        """Run each sequence's uncached suffix, batched; reuse at most ``reuse_limits[i]`` tokens,
+        and leave room in the cache for ``spare`` tokens to be decoded after.
 
         ``stats.reused_tokens`` counts context tokens only (``count_reuse``), so that for the
         contexts of a call, prefill + reused = context tokens + branch-point tokens computed.
@@ -203,6 +215,8 @@ class HFPolicy:
         cache = self._stack_past(found, past_len)
         key_valid = torch.cat([past_valid, new_valid], dim=1).to(self.device)
         logits = self._forward(ids.to(self.device), positions.to(self.device), key_valid, cache, past_len)
+        if spare:
+            reserve(cache, spare)
         self.stats.prefill_tokens += sum(len(s) - n for s, n in zip(seqs, reused))
         if count_reuse:
             self.stats.reused_tokens += sum(reused)
@@ -245,15 +259,11 @@ class HFPolicy:
             mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=self.device).masked_fill(
                 ~mask, torch.finfo(self.model.dtype).min
             )
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: cache},
-        )
-        return out.logits[:, -1, :]
+        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "use_cache": True,
+                  self._cache_arg: cache}
+        if self._head is not None:
+            return self._head(self.model.get_decoder()(**kwargs).last_hidden_state[:, -1, :])
+        return self.model(logits_to_keep=1, **kwargs).logits[:, -1, :]
 
     def _row_kv(self, batch: _Batch, row: int) -> LayerKV:
         """The KV of one row's real tokens, in order."""
@@ -266,7 +276,7 @@ class HFPolicy:
         self, contexts: list[list[int]], params: SamplingParams, generator: torch.Generator,
         cancel: Callable[[], bool] | None = None,
     ) -> list[Generation]:
-        batch = self._prefill(contexts, [len(c) - 1 for c in contexts])
+        batch = self._prefill(contexts, [len(c) - 1 for c in contexts], spare=params.max_new_tokens)
         size = len(contexts)
         tokens: list[list[int]] = [[] for _ in range(size)]
         logprobs: list[list[float]] = [[] for _ in range(size)]

@@ -158,3 +158,11 @@ def load_model(spec: str = SMOLLM2, device: str | None = None, dtype: Any = None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def plain_head(model: Any) -> bool:
+    """Whether ``model``'s logits are its output embedding applied to its decoder's last hidden
+    state, and nothing after (so the head can run on the scored positions alone)."""
+    cfg = model.config
+    return (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+            and getattr(cfg, "final_logit_softcapping", None) is None and not getattr(cfg, "logit_scale", None))

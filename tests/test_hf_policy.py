@@ -220,3 +220,56 @@ def test_the_store_grows_no_further_than_its_cap(smollm2, tree_contexts):
     policy = HFPolicy(model, tok, cache_bytes=1 << 10, max_cache_bytes=1 << 12)
     policy.generate([list(tree_contexts[0])], SamplingParams(temperature=0.0, max_new_tokens=1, stop=()))
     assert policy.prefix_cache.max_bytes == 1 << 12
+
+
+def test_the_packed_head_and_the_reserved_cache_decode_what_the_plain_model_does(smollm2, tree_contexts):
+    """oneDNN's reordered LM head and the in-place KV cache change float rounding, not the tokens:
+    the same greedy turns, log-probs to 1e-4 (as a batch against one row), over two turns with prefix reuse (reserved room is
+    outgrown too: max_new_tokens 1 reserves 1 token, the second turn's suffix is longer)."""
+    model, tok = smollm2
+    outs = {}
+    for fast in (False, True):
+        policy = HFPolicy(model, tok, packed_head=fast)
+        first = policy.generate(tree_contexts, GREEDY)
+        second_ctx = [c + list(g.token_ids) + text_ids(tok, " and then") for c, g in zip(tree_contexts, first)]
+        second = policy.generate(second_ctx, GREEDY)
+        outs[fast] = (first + second, policy._head is not None)
+    assert outs[True][1] and not outs[False][1]  # the packed head ran on this CPU, and only when asked
+    for plain, fast in zip(outs[False][0], outs[True][0]):
+        assert plain.token_ids == fast.token_ids
+        np.testing.assert_allclose(plain.logprobs, fast.logprobs, atol=1e-4)
+
+
+def test_the_packed_head_is_rebuilt_after_the_weights_change(smollm2, tree_contexts):
+    model, tok = smollm2
+    policy = HFPolicy(model, tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, stop=())
+    before = policy.generate(tree_contexts[-1:], params)[0]
+    head = policy._head
+    weight = model.get_output_embeddings().weight
+    try:
+        with torch.no_grad():
+            weight.mul_(2.0)
+        after = policy.generate(tree_contexts[-1:], params)[0]
+        assert policy._head is not head  # a new reordered copy, from the new weights
+        with torch.no_grad():
+            logits = model(torch.tensor([tree_contexts[-1]])).logits[0, -1].float()
+        assert after.logprobs[0] == pytest.approx(torch.log_softmax(logits, -1)[after.token_ids[0]].item(), abs=1e-4)
+        assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-3)
+    finally:
+        with torch.no_grad():
+            weight.div_(2.0)
+
+
+def test_draw_follows_the_distribution_and_never_draws_a_zero():
+    from treegym.agents.sampling import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(20_000, 1)
+    tokens = draw(probs, torch.Generator().manual_seed(0))
+    counts = torch.bincount(tokens, minlength=6).double() / len(tokens)
+    assert counts[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(counts, probs[0].double(), atol=0.015, rtol=0)
+    again = draw(probs[:50], torch.Generator().manual_seed(0))
+    assert torch.equal(again, tokens[:50])  # one generator stream: reproducible
+    edge = torch.tensor([[0.0, 1.0, 0.0]])  # all the mass on one token, zeros around it
+    assert draw(edge.repeat(100, 1), torch.Generator().manual_seed(1)).eq(1).all()

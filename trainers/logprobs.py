@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from treegym.agents.models import plain_head
 from treegym.agents.rollout.types import Rollout
 from treegym.trainers.model import base_model
 from treegym.trainers.packing import Packed, packed_attention, runs_supported
@@ -55,14 +56,6 @@ def pad_rollouts(rollouts: Sequence[Rollout], pad_id: int, extras: dict[str, Seq
     ext = {k: pad_right(values, width) for k, values in (extras or {}).items()}
     # Token t is predicted at position t - 1: drop the first column of per-token data.
     return PaddedBatch(ids, attn, ids[:, 1:], mask[:, 1:], blp[:, 1:], {k: v[:, 1:] for k, v in ext.items()})
-
-
-def plain_head(model: nn.Module) -> bool:
-    """Whether ``model``'s logits are its output embedding applied to its decoder's last hidden
-    state, and nothing after (so the head can run on the scored positions alone)."""
-    cfg = model.config
-    return (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-            and getattr(cfg, "final_logit_softcapping", None) is None and not getattr(cfg, "logit_scale", None))
 
 
 class TokenScorer(nn.Module):
