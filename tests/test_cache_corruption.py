@@ -200,3 +200,32 @@ def test_a_corrupt_faiss_index_is_refused_in_one_line(home, capsys):
                 .search(["capital of Norway"], 3)[0]] == want  # fmt: skip
     finally:
         build._OPEN.clear()
+
+
+WORLD_DAMAGE = {
+    "corpus.jsonl cut": lambda f: _cut(f / "corpus.jsonl", 50),
+    "corpus.jsonl garbled": lambda f: _garble(f / "corpus.jsonl"),
+    "questions.jsonl emptied": lambda f: (f / "questions.jsonl").write_text(""),
+    "manifest.json garbage": lambda f: (f / "manifest.json").write_text("{garbage"),
+    "manifest.json a JSON list": lambda f: (f / "manifest.json").write_text("[]"),
+    "the folder replaced by a file": _replace_by_a_file,
+}
+
+
+def test_a_corrupt_cached_synthetic_world_is_rebuilt_never_used(home):
+    from treegym.retrieval_index.synthetic import api
+
+    api._WORLDS.clear()
+    try:
+        fresh = api.synthetic_world(passages=200)
+        folder = fresh.folder
+        assert api.world_problem(folder) is None
+        corpus, questions = fresh.corpus_path.read_bytes(), fresh.questions("all")
+        for how, damage in WORLD_DAMAGE.items():
+            damage(folder)
+            api._WORLDS.clear()
+            with pytest.warns(UserWarning, match=r"rebuilding the cached synthetic world .*: \S"):
+                again = api.synthetic_world(passages=200)
+            assert again.corpus_path.read_bytes() == corpus and again.questions("all") == questions, how
+    finally:
+        api._WORLDS.clear()
