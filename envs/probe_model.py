@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 from treegym.envs.probes import FILLER, LOOK, SYMBOLS, ProbeEnv
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, sealed_folder
 
 MODEL_VERSION = 2
 PRIOR_STEPS = 300
@@ -63,9 +61,13 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
         raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     if folder is None and steps != PRIOR_STEPS:
         raise ValueError("a model with a non-default number of prior steps needs its own folder")
-    folder = folder or probe_model_folder(env, turn_tokens, seed, prior)
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
-        return folder
+    # Sealed, and written aside and renamed (``sealed_folder``): parallel study workers never read
+    # half a model, and a cut or garbled one is built again, never trained from.
+    return sealed_folder(folder or probe_model_folder(env, turn_tokens, seed, prior),
+                         lambda out: _build(env, turn_tokens, seed, steps, prior, out), "probe model")
+
+
+def _build(env: ProbeEnv, turn_tokens: int, seed: int, steps: int, prior: str, out: Path) -> None:
     import torch
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -86,15 +88,8 @@ def build_probe_model(env: ProbeEnv, turn_tokens: int, seed: int = 0, folder: Pa
     model = LlamaForCausalLM(config)
     if prior != "random":
         _learn_format(model, tokenizer, env, turn_tokens, random.Random(seed), steps, prior)
-    # Written aside and renamed, so that parallel study workers never read half a model.
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process finished first; its model is the same
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def random_episode(env: ProbeEnv, turn_tokens: int, rng: random.Random,

@@ -13,17 +13,28 @@ one client cannot take every slot. A request must arrive whole within ``request_
 (waiting for it, its headers and its body together, not each read), so a client that drips a
 byte at a time cannot keep its slot either. It binds 127.0.0.1 unless told otherwise, because
 it has no authentication, and warns when told to bind every interface.
+
+A client that leaves before its answer is out (a reset, or its end closed mid-request) is no
+fault of the server's: the request log (``verbose``) has one "client disconnected" line for it,
+never a 500 or a status that was not delivered. An answer is logged once it has been sent.
+
+Memory: a heavy request (512 queries at topk 100 answers about 30 MB of JSON, built from
+embeddings, hits and dicts) leaves its freed buffers in glibc's per-thread arenas, where they stay
+in the resident set. When the last request in flight ends and one of them answered at least
+``TRIM_AFTER_BYTES``, the server calls glibc's ``malloc_trim(0)``, which hands that memory back to
+the system (a no-op where the C library has no such call). See ``benchmarks/bench_server_memory.py``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,6 +47,19 @@ DEFAULT_PORT = 8000
 # An oversize body up to this size is read and dropped before the 413, so the client sees the
 # answer (closing on unread data resets the connection); beyond it we just close.
 DISCARD_LIMIT = 16 << 20
+# How a socket says that its client has gone (a reset, or writes to a closed connection).
+DISCONNECTS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+TRIM_AFTER_BYTES = 1 << 20  # an answer this large makes the server give its free memory back when idle
+
+
+def _malloc_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
 
 
 @dataclass(frozen=True)
@@ -137,7 +161,32 @@ class RetrievalServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(limits.max_connections)
         self._per_client: dict[str, int] = {}  # live connections by client address
         self._count_lock = threading.Lock()
+        self._in_flight = 0  # requests being answered
+        self._heavy_since_trim = False  # one of them answered TRIM_AFTER_BYTES or more
+        self._trim = _malloc_trim()
+        self.trims = 0  # how often memory was given back, and the seconds it took
+        self.trim_seconds = 0.0
         super().__init__(address, _Endpoints)
+
+    def request_began(self) -> None:
+        with self._count_lock:
+            self._in_flight += 1
+
+    def request_ended(self, answer_bytes: int) -> None:
+        """Give freed memory back once no request is in flight, if a heavy one ran since last time:
+        trimming while others run would only hand back what they are about to take again."""
+        with self._count_lock:
+            self._in_flight -= 1
+            self._heavy_since_trim |= answer_bytes >= TRIM_AFTER_BYTES
+            due = self._in_flight == 0 and self._heavy_since_trim and self._trim is not None
+            if due:
+                self._heavy_since_trim = False
+        if due:
+            t0 = time.perf_counter()
+            self._trim()  # type: ignore[misc]
+            with self._count_lock:
+                self.trims += 1
+                self.trim_seconds += time.perf_counter() - t0
 
     def process_request(self, request: Any, client_address: Any) -> None:
         client = str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
@@ -179,7 +228,11 @@ class RetrievalServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up mid-answer is not a server fault worth a traceback.
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, DISCONNECTS):
+            if self.verbose:
+                sys.stderr.write(f"{client_address[0]} - client disconnected ({type(exc).__name__})\n")
+        elif not isinstance(exc, TimeoutError):
             super().handle_error(request, client_address)
 
 
@@ -232,14 +285,32 @@ class _Endpoints(BaseHTTPRequestHandler):
         self.rfile.close()  # the stdlib's reader, replaced by one that keeps the request's deadline
         self._reader = _DeadlineReader(self.connection, self.timeout)
         self.rfile = io.BufferedReader(self._reader)
+        self._gone = False  # set when the client has left mid-request (``_disconnected``)
 
     def handle_one_request(self) -> None:
         self._reader.deadline = time.monotonic() + self.server.limits.request_deadline_s
+        self._gone = False
         super().handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             sys.stderr.write(f"{self.address_string()} - {format % args}\n")
+
+    def log_request(self, code: Any = "-", size: Any = "-") -> None:
+        # The stdlib logs a status as it starts the answer; this server logs it once the answer
+        # is out (``_sent``), so the status of an answer its client never got is not logged.
+        pass
+
+    def _sent(self, status: int) -> None:
+        if not self._gone:
+            super().log_request(status)
+
+    def _disconnected(self, why: str) -> None:
+        """The client left mid-request: one line in the request log, not a status."""
+        self.close_connection = True
+        if not self._gone:
+            self._gone = True
+            self.log_message('"%s" client disconnected %s', self.requestline[:200], why)
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8", errors="replace")
@@ -249,7 +320,9 @@ class _Endpoints(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
+        self._answer_bytes = len(body)
         self.wfile.write(body)
+        self._sent(status)
 
     def _refuse(self, status: int, message: str, close: bool = False) -> None:
         # An unread body would be parsed as the next request; close instead of draining it.
@@ -273,13 +346,21 @@ class _Endpoints(BaseHTTPRequestHandler):
         self._send(code, {"error": message or explain or f"HTTP {code}"})
 
     def do_POST(self) -> None:
+        self._answer_bytes = 0
+        self.server.request_began()
+        try:
+            self._post()
+        finally:
+            self.server.request_ended(self._answer_bytes)
+
+    def _post(self) -> None:
         try:
             self._retrieve()
         except TimeoutError:  # the body did not arrive within the request's deadline
             self._refuse(408, f"the request did not arrive whole within {self.server.limits.request_deadline_s:g} s",
                          close=True)
-        except (BrokenPipeError, ConnectionResetError):  # the client left: nothing to answer, and no fault
-            self.close_connection = True
+        except DISCONNECTS as exc:  # the client left: nothing to answer, and no fault
+            self._disconnected(f"({type(exc).__name__})")
         except Exception as exc:  # never a dropped connection: a fault is a JSON 500
             self._refuse(500, f"internal error: {type(exc).__name__}: {exc}", close=True)
 
@@ -328,7 +409,8 @@ class _Endpoints(BaseHTTPRequestHandler):
             self._refuse(413, f"body of {length} bytes; the limit is {self.server.limits.max_body_bytes}", close=True)
             return None
         body = self.rfile.read(length)
-        if len(body) < length:
+        if len(body) < length:  # the client closed its end: answered still, for one that only half-closed
+            self._disconnected(f"after {len(body)} of its {length} body bytes")
             self._refuse(400, f"body ended after {len(body)} of {length} bytes", close=True)
             return None
         return body
@@ -351,6 +433,7 @@ class _Endpoints(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")
             self.end_headers()
+            self._sent(405)
             return
         self._refuse(405, message, close=True)
 

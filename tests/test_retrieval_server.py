@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -479,3 +480,45 @@ def test_one_client_cannot_take_every_connection(local):
         assert other.recv(4096).startswith(b"HTTP/1.1 200")
         for sock in (*greedy, extra, other):
             sock.close()
+
+
+def _leave_mid_request(url: str, body_bytes: int, reset: bool) -> None:
+    """Send the head of a POST and ``body_bytes`` of its 200-byte body, then hang up (FIN, or RST)."""
+    sock = _connect_from("127.0.0.1", url)
+    if reset:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n" + b"x" * body_bytes)
+    time.sleep(0.1)
+    sock.close()
+
+
+def test_a_client_that_leaves_mid_request_is_logged_as_a_disconnect_not_a_status(local, capsys):
+    with serve_in_background(local, limits=LIMITS, verbose=True) as running:
+        for body_bytes, reset in [(0, False), (50, False), (0, True), (50, True)]:
+            _leave_mid_request(running.url, body_bytes, reset)
+        assert _post(running.url, {"queries": ["Ibsen"], "topk": 1}).status_code == 200
+        deadline = time.monotonic() + 10
+        log = ""
+        while time.monotonic() < deadline and (log.count("client disconnected") < 4 or '" 200 ' not in log):
+            time.sleep(0.1)
+            log += capsys.readouterr().err
+    lines = log.strip().splitlines()
+    assert sum("client disconnected" in line for line in lines) == 4, log  # one line each, at the request log's level
+    assert not any(f'" {code} ' in log for code in (400, 500)) and "Traceback" not in log, log
+    assert '"POST /retrieve HTTP/1.1" 200 ' in log  # an answer that went out is still logged
+
+
+def test_the_server_gives_memory_back_after_a_heavy_answer_when_idle(local):
+    from treegym.retrieval_index.server import TRIM_AFTER_BYTES, _malloc_trim
+
+    if _malloc_trim() is None:
+        pytest.skip("no malloc_trim in this C library")
+    with serve_in_background(local, limits=ServerLimits(max_topk=100, max_queries=64)) as running:
+        assert _post(running.url, {"queries": ["Ibsen"], "topk": 1}).status_code == 200
+        assert running.server.trims == 0  # a light answer costs no trim
+        heavy = _post(running.url, {"queries": [f"Ibsen {i}" for i in range(64)], "topk": 100, "return_scores": True})
+        assert heavy.status_code == 200 and len(heavy.content) >= TRIM_AFTER_BYTES
+        deadline = time.monotonic() + 5
+        while running.server.trims == 0 and time.monotonic() < deadline:  # it runs after the answer is out
+            time.sleep(0.05)
+        assert running.server.trims == 1

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from treegym.agents.models import load_model
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, discard, folder_problem, seal_folder
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
 from treegym.trainers.heldout import evaluate_policy, phase_summary
 from treegym.trainers.loop import train
@@ -110,12 +111,10 @@ def warm_start_folder(cfg: TrainConfig) -> Path:
 def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> WarmStart:
     """The warm-started model for ``cfg`` (built now, or found in the cache)."""
     folder = warm_start_folder(cfg)
-    meta_path = folder / SFT_META
-    if meta_path.exists() and (folder / "config.json").exists():
-        meta = json.loads(meta_path.read_text())
+    cached = cached_warm_start(folder)
+    if cached is not None:
         log(f"warm start: cached at {folder}")
-        untrained = HeldOut.from_dict(meta["untrained"]) if meta.get("untrained") else None
-        return WarmStart(folder, True, 0.0, int(meta.get("examples", 0)), untrained)
+        return cached
     if launched().on:
         raise ConfigError("the warm start is not cached yet: build it once in a single process "
                           "(`treegym train --steps 0` with the same config), then rerun under torchrun")
@@ -134,11 +133,39 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     shutil.rmtree(tmp, ignore_errors=True)
     result = run_sft(warm_start_config(cfg, tmp), progress=progress, log=log,
                      meta={"untrained": untrained.to_dict() if untrained is not None else None, "key": warm_start_key(cfg)})
+    seal_folder(tmp)  # last: the folder is whole
     try:
         os.replace(tmp, folder)
     except OSError:  # another run finished the same warm start first; theirs is as good
         shutil.rmtree(tmp, ignore_errors=True)
     return WarmStart(folder, False, time.perf_counter() - t0, result.examples, untrained)
+
+
+def cached_warm_start(folder: Path) -> WarmStart | None:
+    """The warm start cached in ``folder``, or None when there is none to use.
+
+    Its folder is sealed: weights cut, emptied or garbled (which still load, and then sample
+    inf/nan), an ``sft.json`` that is garbage or not an object, or a file in the folder's place
+    are found before anything is loaded. Such a folder is removed with a one-line warning and
+    built again; under torchrun, where one process cannot build it for all, it is refused."""
+    if not (folder.exists() or folder.is_symlink()):
+        return None
+    problem = folder_problem(folder)
+    if problem is None:
+        try:
+            meta = json.loads((folder / SFT_META).read_text(encoding="utf-8"))
+            if not isinstance(meta, dict):
+                raise TypeError(f"{SFT_META} is a JSON {type(meta).__name__}, not an object")
+            untrained = HeldOut.from_dict(meta["untrained"]) if meta.get("untrained") else None
+            return WarmStart(folder, True, 0.0, int(meta.get("examples", 0)), untrained)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            problem = f"{SFT_META} cannot be read ({type(exc).__name__})"
+    if launched().on:
+        raise ConfigError(f"the cached warm start {folder} is broken ({problem}): build it again in a single "
+                          "process (`treegym train --steps 0` with the same config), then rerun under torchrun")
+    warnings.warn(f"rebuilding the cached warm start {folder}: {problem}", stacklevel=2)
+    discard(folder)
+    return None
 
 
 def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:

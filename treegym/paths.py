@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SEAL_VERSION = 1
+FOLDER_SEAL = "seal.json"  # the seal of a cached folder (a model, an index), inside it
 
 
 def home() -> Path:
@@ -32,7 +35,6 @@ def cache_dir(*parts: str) -> Path:
     path = home().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
 
 
 def digest(path: Path) -> str:
@@ -77,3 +79,54 @@ def seal_problem(seal_path: Path) -> str | None:
         except (OSError, KeyError, TypeError) as exc:
             return f"{name} cannot be checked ({type(exc).__name__})"
     return None
+
+
+def seal_folder(folder: Path) -> None:
+    """Seal every file in ``folder`` and below; call it last, when the folder is whole."""
+    seal(folder / FOLDER_SEAL, [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != FOLDER_SEAL])
+
+
+def folder_problem(folder: Path) -> str | None:
+    """None when ``folder`` is a folder whose seal holds; else what is wrong, in a few words."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return "it is not a folder"
+    if not folder.is_dir():
+        return "it is not there"
+    return seal_problem(folder / FOLDER_SEAL)
+
+
+def discard(path: Path) -> None:
+    """Remove a cached artefact, whatever it has become (a folder, a file, a link)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def sealed_folder(target: Path, build: Callable[[Path], None], what: str) -> Path:
+    """``target`` when its seal holds; else ``build`` it again, with a one-line warning when a
+    broken one was there (cut, emptied, garbled, unsealed, or a file in its place).
+
+    ``build(tmp)`` writes the artefact's files into a fresh folder beside ``target``, which is
+    sealed and then renamed into place, so a reader never sees half of it. If another process
+    renames its own whole copy first, that copy is kept."""
+    if target.exists() or target.is_symlink():
+        problem = folder_problem(target)
+        if problem is None:
+            return target
+        warnings.warn(f"rebuilding the cached {what} {target}: {problem}", stacklevel=2)
+        discard(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        build(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like any other
+        seal_folder(tmp)  # last: the folder is whole
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process renamed its copy first: keep it when it is whole
+            if folder_problem(target) is not None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

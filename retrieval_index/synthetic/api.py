@@ -9,12 +9,13 @@ that drops any question the oracle cannot answer through retrieval) and returns 
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from treegym.errors import ConfigError
-from treegym.paths import cache_dir
+from treegym.paths import cache_dir, digest, discard, home
 from treegym.retrieval_index.synthetic.questions import MAX_HOPS
 from treegym.retrieval_index.synthetic.writer import (
     CORPUS_FILE,
@@ -77,8 +78,34 @@ def synthetic_world(
     name = f"{GENERATOR_VERSION}-p{passages}-s{seed}-h{hops or 'all'}"
     with _WORLDS_LOCK:  # one world object per process: every env and fork shares it
         if name not in _WORLDS:
+            folder = home() / "synthetic" / name
+            problem = world_problem(folder) if (folder / MANIFEST_FILE).exists() or folder.is_file() else None
+            if problem is not None:  # (no manifest yet: a write that has not finished, maybe another process's)
+                warnings.warn(f"rebuilding the cached synthetic world {folder}: {problem}", stacklevel=2)
+                discard(folder)
             folder = cache_dir("synthetic", name)
             if not (folder / MANIFEST_FILE).exists():
                 write_world(folder, passages, seed, hops=hops, validate="bm25", progress=progress)
             _WORLDS[name] = SyntheticWorld(folder)
         return _WORLDS[name]
+
+
+def world_problem(folder: Path) -> str | None:
+    """None when ``folder``'s manifest reads and its corpus and questions have the SHA-256 it
+    records (the manifest is written last); else what is wrong, in a few words. A cut or garbled
+    corpus still parses, and would be used with other results."""
+    if folder.is_symlink() or not folder.is_dir():
+        return "it is not a folder"
+    try:
+        manifest = Manifest.read(folder)
+    except ConfigError:
+        return f"its {MANIFEST_FILE} cannot be read"
+    for path, want in ((folder / CORPUS_FILE, manifest.corpus_sha256), (folder / QUESTIONS_FILE, manifest.questions_sha256)):
+        if not isinstance(want, str) or not want:
+            return f"its {MANIFEST_FILE} records no SHA-256 of {path.name}"
+        try:
+            if digest(path) != want:
+                return f"{path.name} is not what was written (its SHA-256 differs)"
+        except OSError as exc:
+            return f"{path.name} cannot be read ({type(exc).__name__})"
+    return None
