@@ -146,7 +146,8 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[str, 
         return tools, ()
     if choice in ("auto", "required"):
         return tools, names
-    chosen = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    chosen = function.get("name") if isinstance(function, dict) else None
     if not isinstance(chosen, str) or chosen not in names:
         raise RequestError(400, "tool_choice must be none, auto, required or a function among tools")
     return tools, (chosen,)

@@ -341,6 +341,9 @@ def test_tool_results_and_calls_with_null_content_are_answered_as_text_without_t
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, r"tools\[0\] needs"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [STEP_TOOL],
           "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [STEP_TOOL], "tool_choice": {"function": "step"}},
+         "tool_choice must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": {"step": STEP_TOOL}}, "tools must be a list"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "role of system, user, assistant or tool"),
     ],
 )
