@@ -23,13 +23,20 @@ def _ids(encoded: Any) -> list[int]:
     return [int(t) for t in encoded]
 
 
-def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-    """The chat template over ``messages``, ending with an open assistant turn."""
+def chat_prompt_ids(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The chat template over ``messages`` (and the OpenAI ``tools``, for a template that lists
+    them), ending with an open assistant turn."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("this tokenizer has no chat template; use raw mode (text_ids) instead")
-    return _ids(
-        tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True)
+    encoded = tokenizer.apply_chat_template(
+        list(messages), tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True
     )
+    return _ids(encoded)
 
 
 def text_ids(tokenizer: Any, text: str) -> list[int]:

@@ -15,7 +15,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="serve a local model over an OpenAI-compatible HTTP API",
         description=(
             "Serve a local causal LM over an OpenAI-compatible API: POST /v1/chat/completions "
-            "(chat template applied), POST /v1/completions and GET /v1/models. Point "
+            "(chat template applied; OpenAI tool messages and tool calls), POST /v1/completions and "
+            "GET /v1/models. Point "
             "`treegym eval --agent openai:http://HOST:PORT/v1` or any OpenAI client at it."
         ),
     )

@@ -1,7 +1,8 @@
 """A local OpenAI-compatible server that answers with a real model through ``HFPolicy``.
 
 Speaks the subset of the OpenAI protocol that agents use: ``POST /v1/chat/completions``
-(chat template applied), ``POST /v1/completions`` (raw prompt) and ``GET /v1/models``.
+(chat template applied; tool messages and tool calls in OpenAI's shape, see ``tool_calls``),
+``POST /v1/completions`` (raw prompt) and ``GET /v1/models``.
 It honours ``max_tokens``, ``temperature``, ``top_p``, ``stop`` and ``seed``; like OpenAI and
 vLLM, the returned text does not include the stop string that ended it. Bad requests get a
 4xx JSON error body. Requests are served by threads; the policy generates one at a time, and
@@ -21,9 +22,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from jinja2 import TemplateError
+
 from treegym.agents.chat import chat_prompt_ids, text_ids
 from treegym.agents.hf_policy import GenerationCancelled, HFPolicy
 from treegym.agents.policy import Generation, SamplingParams
+from treegym.agents.tool_calls import TemplateSupport, parse_tool_calls, template_messages, template_support
 from treegym.errors import TreegymError
 
 MAX_BODY_BYTES = 4 << 20
@@ -74,21 +78,79 @@ def parse_sampling(body: dict[str, Any]) -> SamplingParams:
     )
 
 
-def parse_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, list):  # OpenAI content parts: keep the text ones
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, str):
+        raise RequestError(400, f"{where}.content must be a string")
+    return content
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    """One OpenAI tool call, checked: a function with a name and arguments (a JSON string or an object)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise RequestError(400, f"{where} needs a function with a non-empty name")
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, (str, dict)):
+        raise RequestError(400, f"{where}.function.arguments must be a JSON string or an object")
+    if not isinstance(call.get("id", ""), str):
+        raise RequestError(400, f"{where}.id must be a string")
+    return {"id": call.get("id", ""), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def parse_message(m: Any, i: int) -> dict[str, Any]:
+    """One OpenAI chat message, checked: system, user, assistant (content may be null when it
+    carries ``tool_calls``) or tool (with the ``tool_call_id`` it answers)."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+        raise RequestError(400, f"{where} needs a role of system, user, assistant or tool")
+    role = m["role"]
+    if role == "assistant" and m.get("tool_calls") is not None:
+        calls = m["tool_calls"]
+        if not isinstance(calls, list):
+            raise RequestError(400, f"{where}.tool_calls must be a list")
+        checked = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+        content = _text(m.get("content") or "", where)
+        return {"role": role, "content": content, "tool_calls": checked} if checked else {"role": role, "content": content}
+    if role == "tool":
+        if not isinstance(m.get("tool_call_id"), str) or not m["tool_call_id"]:
+            raise RequestError(400, f"{where} (a tool result) needs the tool_call_id it answers, a string")
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise RequestError(400, f"{where}.name must be a string")
+        out = {"role": role, "content": _text(m.get("content"), where), "tool_call_id": m["tool_call_id"]}
+        return {**out, "name": m["name"]} if m.get("name") else out
+    return {"role": role, "content": _text(m.get("content"), where)}
+
+
+def parse_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "'messages' must be a non-empty list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise RequestError(400, f"messages[{i}] needs a role of system, user or assistant")
-        content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if not isinstance(content, str):
-            raise RequestError(400, f"messages[{i}].content must be a string")
-        out.append({"role": m["role"], "content": content})
-    return out
+    return [parse_message(m, i) for i, m in enumerate(messages)]
+
+
+def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The request's function tools (for the chat template) and the names a reply may call:
+    none when ``tool_choice`` is "none", the one it names when it names one."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise RequestError(400, "tools must be a list")
+    for j, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise RequestError(400, f"tools[{j}] needs a function with a non-empty name")
+    names = tuple(t["function"]["name"] for t in tools)
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if choice in ("none", None):
+        return tools, ()
+    if choice in ("auto", "required"):
+        return tools, names
+    function = choice.get("function") if isinstance(choice, dict) else None
+    chosen = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(chosen, str) or chosen not in names:
+        raise RequestError(400, "tool_choice must be none, auto, required or a function among tools")
+    return tools, (chosen,)
 
 
 class ModelService:
@@ -97,6 +159,7 @@ class ModelService:
     def __init__(self, policy: HFPolicy, model_name: str) -> None:
         self.policy = policy
         self.model_name = model_name
+        self._support: TemplateSupport | None = None  # found on the first chat request
 
     def complete(self, prompt_ids: list[int], params: SamplingParams, cancel: Cancel | None = None) -> Completion:
         gen: Generation = self.policy.generate([prompt_ids], params, cancel=cancel)[0]
@@ -110,15 +173,28 @@ class ModelService:
 
     def chat(self, body: dict[str, Any], cancel: Cancel | None = None) -> dict[str, Any]:
         messages = parse_messages(body)
+        tools, callable_names = parse_tools(body)
         params = parse_sampling(body)
-        done = self.complete(chat_prompt_ids(self.policy.tokenizer, messages), params, cancel)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": done.text},
-            "finish_reason": done.finish_reason,
-            "logprobs": None,
-        }
+        done = self.complete(self.chat_ids(messages, tools), params, cancel)
+        message: dict[str, Any] = {"role": "assistant", "content": done.text}
+        finish_reason = done.finish_reason
+        if callable_names:
+            content, calls = parse_tool_calls(done.text, callable_names)
+            if calls:
+                message, finish_reason = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
         return self._envelope("chat.completion", "chatcmpl", choice, done)
+
+    def chat_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
+        """The prompt of a chat through the model's template; a template that refuses the
+        messages (a role order it does not allow) is the client's error, not the server's."""
+        if self._support is None:
+            self._support = template_support(self.policy.tokenizer)
+        rendered = template_messages(messages, self._support)
+        try:
+            return chat_prompt_ids(self.policy.tokenizer, rendered, tools=tools or None)
+        except (TemplateError, TypeError) as exc:
+            raise RequestError(400, f"the model's chat template refused these messages: {exc}") from None
 
     def text(self, body: dict[str, Any], cancel: Cancel | None = None) -> dict[str, Any]:
         prompt = body.get("prompt")

@@ -1,19 +1,22 @@
 """treegym envs inside ldp's own tree search: aviary ``Environment`` adapter, ``fork`` as ``env_clone_fn``.
 
 ldp's ``TreeSearchRollout`` grows the tree and calls the clone function. The agents: a scripted ldp
-``Agent`` whose tool calls are the env's own actions, and ldp's own ``SimpleAgent`` through litellm
-against a scripted OpenAI-compatible server on 127.0.0.1, its plain-text replies made ``step`` calls
-by the adapter's ``step_call`` parser. Not against ``treegym serve-model``: SimpleAgent sends each
-observation back as a ``tool`` message, and serve-model answers that with a 400 ("messages[2] needs
-a role of system, user or assistant"; measured 2026-12-03), so only the first turn of a branch
-would run. Each branch is checked against a replay of its actions on a fresh env: a step in one
-branch never shows in another.
+``Agent`` whose tool calls are the env's own actions, and ldp's own ``SimpleAgent`` through litellm,
+its plain-text replies made ``step`` calls by the adapter's ``step_call`` parser: against a scripted
+OpenAI-compatible server on 127.0.0.1, and against a real ``treegym serve-model`` (SmolLM2) on
+127.0.0.1, which takes SimpleAgent's ``tool`` messages and null-content tool calls. Each branch is
+checked against a replay of its actions on a fresh env: a step in one branch never shows in another.
 """
 
 import asyncio
 import copy
 import itertools
 import os
+import re
+import subprocess
+import sys
+import threading
+import time
 
 import gymnasium as gym
 import pytest
@@ -164,3 +167,53 @@ def test_ldps_simple_agent_over_a_loopback_model_drives_the_tree_through_step_ca
             "ProbeKeys-v0", actions, seed=0, horizon=2, choices=2)
     assert {tuple(s.action.value.tool_calls[0].function.arguments["action"] for s in steps) for steps in paths} == {
         ("A", "A"), ("A", "B"), ("B", "A"), ("B", "B")}
+
+
+@pytest.fixture(scope="module")
+def serve_model():
+    """``treegym serve-model`` with SmolLM2 on CPU, in its own process, on a free port of 127.0.0.1;
+    yields its base URL (…/v1), read from the line it prints once it listens."""
+    cmd = [sys.executable, "-m", "treegym.cli", "serve-model", "--host", "127.0.0.1", "--port", "0", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()  # drains the pipe throughout
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = [m for line in list(lines) if (m := re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line))]
+            if found:
+                yield found[0].group(1)
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"serve-model did not start: {''.join(lines)[-2000:]}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_ldps_simple_agent_grows_true_branches_through_treegym_serve_model(serve_model) -> None:
+    from ldp.agent import SimpleAgent
+    from lmi.config import LLMConfig, ModelSpec
+
+    from treegym.integrations.aviary import step_call
+
+    # Sampled replies: siblings may differ or not; the checks below hold either way.
+    spec = ModelSpec(name="openai/smollm2", api_base=serve_model, api_key="loopback", max_retries=0, timeout=120,
+                     extra_params={"max_tokens": 6, "temperature": 1.0})
+    agent = SimpleAgent(llm_config=LLMConfig(models=[spec], tool_parser=step_call))
+    env = TreegymEnvironment.from_id("ProbeKeys-v0", seed=0, horizon=2, choices=2)
+    search = TreeSearchRollout(agent, branching_factor=2, env_clone_fn=fork, catch_agent_failures=False)
+    tree = asyncio.run(search.sample_tree(env, max_depth=2))
+
+    paths = branches(tree)
+    # Two turns on every branch: each second turn sent the first's observation back as a `tool`
+    # message (and the first reply as an assistant tool call), which serve-model took.
+    assert len(paths) == 4 and all(len(steps) == 2 for steps in paths)
+    for steps in paths:
+        actions = [s.action.value.tool_calls[0].function.arguments["action"] for s in steps]
+        assert [(s.next_observation[0].content, s.reward) for s in steps] == replay(
+            "ProbeKeys-v0", actions, seed=0, horizon=2, choices=2)
+        assert steps[-1].done
+    assert env.state.turns == 0  # the root was reset and never stepped: every step ran on a fork

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -12,7 +14,8 @@ import requests
 from treegym.agents.base import as_agent
 from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.openai_agent import EndpointError, OpenAIChatAgent, normalise_base_url, restore_stop
-from treegym.agents.serve_model import ModelServer, ModelService
+from treegym.agents.serve_model import ModelServer, ModelService, parse_messages
+from treegym.agents.tool_calls import TemplateSupport, parse_tool_calls, template_messages, template_support
 from treegym.cli import build_parser
 from treegym.errors import ConfigError
 
@@ -270,3 +273,169 @@ def test_serve_model_stops_generating_when_the_client_disconnects():
         assert answer["usage"]["completion_tokens"] == 4
     finally:
         srv.close()
+
+
+# ---- OpenAI tool calling: tool results in, tool calls out --------------------------------------
+
+STEP_TOOL = {"type": "function", "function": {"name": "step", "description": "Take one turn in the game",
+                                              "parameters": {"type": "object", "properties": {"action": {"type": "string"}}}}}
+
+
+def step_call(i: int, action: str) -> dict:
+    return {"id": f"c{i}", "type": "function", "function": {"name": "step", "arguments": json.dumps({"action": action})}}
+
+
+def played(actions: list[str]) -> list[dict]:
+    """A chat as ldp's SimpleAgent sends it: the task, then per turn an assistant message with a
+    ``step`` call and null content, and the env's observation as a ``tool`` message."""
+    msgs = [{"role": "user", "content": "Explore the house."}]
+    for i, action in enumerate(actions):
+        msgs += [{"role": "assistant", "content": None, "function_call": None, "tool_calls": [step_call(i, action)]},
+                 {"role": "tool", "tool_call_id": f"c{i}", "name": "step", "content": "You see a room."}]
+    return msgs
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from treegym.agents.models import smollm2_folder
+
+    return AutoTokenizer.from_pretrained(smollm2_folder())
+
+
+def test_a_model_that_has_called_tools_before_gets_its_next_call_back_in_openais_shape(server):
+    # Greedy SmolLM2 continues the pattern of its earlier calls (rendered as <tool_call> blocks,
+    # since its template has no tool_calls field), and the server parses the reply into one.
+    body = {"messages": played(["look", "go north", "look"]), "tools": [STEP_TOOL], "tool_choice": "required",
+            "max_tokens": 30, "temperature": 0}
+    resp = requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "step"
+    assert isinstance(json.loads(call["function"]["arguments"])["action"], str)  # a JSON string, as OpenAI sends
+    assert choice["message"]["content"] is None
+
+
+def test_tool_results_and_calls_with_null_content_are_answered_as_text_without_tools(server):
+    body = {"messages": played(["look"]), "max_tokens": 3, "temperature": 0}
+    resp = requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    assert isinstance(message["content"], str) and "tool_calls" not in message  # no tools offered: never a call
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"messages": [{"role": "tool", "content": "x"}]}, "needs the tool_call_id"),
+        ({"messages": [{"role": "tool", "tool_call_id": 7, "content": "x"}]}, "needs the tool_call_id"),
+        ({"messages": [{"role": "tool", "tool_call_id": "c0", "content": None}]}, r"messages\[0\].content must be"),
+        ({"messages": [{"role": "assistant", "content": None}]}, r"messages\[0\].content must be a string"),
+        ({"messages": [{"role": "assistant", "tool_calls": {"id": "c0"}}]}, "tool_calls must be a list"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c0"}]}]}, r"tool_calls\[0\] needs a function"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "step", "arguments": 3}}]}]},
+         "arguments must be a JSON string or an object"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, r"tools\[0\] needs"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [STEP_TOOL],
+          "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [STEP_TOOL], "tool_choice": {"function": "step"}},
+         "tool_choice must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": {"step": STEP_TOOL}}, "tools must be a list"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "role of system, user, assistant or tool"),
+    ],
+)
+def test_malformed_tool_messages_get_a_400_that_names_the_problem(server, body, says):
+    resp = requests.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    assert re.search(says, resp.json()["error"]["message"])
+
+
+def test_smollm2s_template_renders_the_tool_role_and_gets_calls_as_tool_call_text(smollm2_tokenizer):
+    support = template_support(smollm2_tokenizer)
+    assert support == TemplateSupport(tool_calls=False, tool_role=True)
+    text = smollm2_tokenizer.apply_chat_template(template_messages(parse_messages({"messages": played(["look"])}),
+                                                                   support), tokenize=False)
+    assert '<|im_start|>assistant\n<tool_call>{"name": "step", "arguments": {"action": "look"}}</tool_call>' in text
+    assert "<|im_start|>tool\nYou see a room.<|im_end|>" in text
+
+
+def test_a_template_without_a_tool_role_gets_results_as_one_labelled_user_turn(smollm2_tokenizer):
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = ALTERNATING_TEMPLATE
+    support = template_support(tokenizer)
+    assert support == TemplateSupport(tool_calls=False, tool_role=False)
+    msgs = played(["look"])
+    msgs[1]["tool_calls"].append(step_call(1, "go north"))
+    msgs.append({"role": "tool", "tool_call_id": "c1", "content": "A hall."})  # no name: found from its call
+    text = tokenizer.apply_chat_template(template_messages(parse_messages({"messages": msgs}), support), tokenize=False)
+    assert text.count("[user]") == 2  # the two results merged into one turn: roles still alternate
+    assert "[Result of tool call step (c0)]\nYou see a room.\n\n[Result of tool call step (c1)]\nA hall." in text
+
+
+def test_a_template_that_renders_tool_calls_gets_them_with_object_arguments(smollm2_tokenizer):
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = TOOL_CALLS_TEMPLATE
+    support = template_support(tokenizer)
+    assert support == TemplateSupport(tool_calls=True, tool_role=True)
+    text = tokenizer.apply_chat_template(template_messages(parse_messages({"messages": played(["look"])}), support),
+                                         tokenize=False)
+    assert "[assistant] call step with look" in text and "[tool step] You see a room." in text
+
+
+def test_a_chat_the_template_refuses_is_a_400_not_a_server_error(smollm2_tokenizer, tiny_chat_model):
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = ALTERNATING_TEMPLATE
+    srv = ModelServer(ModelService(HFPolicy(AutoModelForCausalLM.from_pretrained(tiny_chat_model), tokenizer), "t"),
+                      "127.0.0.1", 0).start()
+    try:
+        body = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 2}
+        resp = requests.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+        assert resp.status_code == 400
+        assert "chat template refused these messages: roles must alternate" in resp.json()["error"]["message"]
+        resp = requests.post(srv.url + "/v1/chat/completions", json={**body, "messages": played(["look"])}, timeout=60)
+        assert resp.status_code == 200, resp.text
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "content", "calls"),
+    [
+        ('<tool_call>{"name": "step", "arguments": {"action": "look"}}</tool_call>', None, [{"action": "look"}]),
+        ('Let me look. <tool_call>[{"name": "step", "arguments": {"action": "a"}}, '
+         '{"name": "step", "arguments": "{\\"action\\": \\"b\\"}"}]</tool_call>', "Let me look.",
+         [{"action": "a"}, {"action": "b"}]),
+        ('<tool_call>{"name": "step", "arguments": {"action": "cut"}}', None, [{"action": "cut"}]),  # stopped at the tag
+        ('{"name": "step", "parameters": {"action": "llama"}}', None, [{"action": "llama"}]),
+        ('<tool_call>{"name": "fly", "arguments": {}}</tool_call>', "same", []),  # a tool nobody offered
+        ('<tool_call>{"name": "step", "arguments": {"action": </tool_call>', "same", []),  # not JSON
+        ('{"name": "step", "arguments": "look"}', "same", []),  # arguments that are not an object
+        ("go north", "same", []),
+    ],
+)
+def test_a_reply_is_a_tool_call_only_when_every_block_is_a_json_call_to_an_offered_tool(reply, content, calls):
+    got_content, got_calls = parse_tool_calls(reply, ("step",))
+    assert got_content == (reply if content == "same" else content)
+    assert [json.loads(c["function"]["arguments"]) for c in got_calls] == calls
+    assert len({c["id"] for c in got_calls}) == len(got_calls)
+
+
+ALTERNATING_TEMPLATE = (  # a Gemma-like template: user and assistant only, in turn
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['user', 'assistant'] or (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+TOOL_CALLS_TEMPLATE = (  # renders tool calls with object arguments, and tool results
+    "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "[assistant] call {{ c.function.name }} with "
+    "{{ c.function.arguments.action if c.function.arguments is mapping else 'a string' }}\n{% endfor %}"
+    "{% elif m.role == 'tool' %}[tool {{ m.name }}] {{ m.content }}\n"
+    "{% else %}[{{ m.role }}] {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
