@@ -49,6 +49,7 @@ class Family:
     max_new_tokens: int | None = None  # tokens per turn
     max_context_tokens: int | None = None
     warm_start_episodes: int | None = None
+    steps: int | None = None  # RL steps of `treegym train` on defaults (what the family's step time affords)
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
     expert: str | None = None  # the name of the expert a warm start imitates (``treegym.agents.experts``)

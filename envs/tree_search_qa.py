@@ -161,10 +161,11 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
 
 # The family's record: what train, sft, eval and play read for this env (``treegym.envs.registry``).
 # It trains on BM25 (builds in seconds, no embedder forward per query: what a 2-core run can afford)
-# scored with Tree-GRPO's format-aware table.
+# scored with Tree-GRPO's format-aware table. 8 RL steps: what the packed update and the faster
+# sampler buy inside the main job's 15 minutes (docs/results.md).
 register_family(Family(
     id="TreeSearchQA-v0", entry_point="treegym.envs.tree_search_qa:TreeSearchQAEnv",
-    max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24,
+    max_turns=2, max_new_tokens=48, max_context_tokens=2048, warm_start_episodes=24, steps=8,
     expert="heuristic", score="EM", tools="qa",
     training="TreeSearchQA-Train-v0", training_kwargs={"index": "bm25", "format_score": True},
 ))

@@ -174,3 +174,13 @@ def test_the_configs_choices_are_the_ones_the_implementations_take() -> None:
         advantages.tree_grpo(batch, prefix_credit="per_node")
     with pytest.raises(ConfigError):
         advantages.treeopsd(batch, root="forest")
+
+
+def test_a_familys_step_count_is_the_default_and_an_override_wins() -> None:
+    from treegym.envs.registry import FAMILIES
+
+    qa = FAMILIES["TreeSearchQA-v0"].steps
+    assert qa is not None and load_config(overrides=[("env", "TreeSearchQA-v0")]).steps == qa
+    assert load_config(overrides=[("env", "TreeSearchQA-v0"), ("steps", "2")]).steps == 2
+    household = load_config(overrides=[("env", "TextHousehold-v0")]).steps
+    assert household == TrainConfig().steps != qa  # a family without its own count keeps the trainer's

@@ -314,6 +314,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 # config path -> the field of the env family's record that sets its default
 FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "max_new_tokens",
                  "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
+                 "steps": "steps",
                  "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "micro_batch_size",
                  "run.also_eval_split": "also_eval_split"}
 
