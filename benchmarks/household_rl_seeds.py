@@ -27,12 +27,7 @@ from treegym.cli import main as treegym_main
 from treegym.envs.registry import resolve_split
 from treegym.stats import t_interval
 from treegym.trainers.config import load_config, parse_overrides
-from treegym.trainers.recipe import warm_start
-
-
-def rl_gain(phases: dict[str, Any]) -> float:
-    """The run's paired gain of success over its RL phase (``phases.json``, or its ``also`` part)."""
-    return next(v[0] for k, v in phases["gains"].items() if k.endswith("-> after RL") and not k.startswith("untrained"))
+from treegym.trainers.recipe import rl_phase_gain, warm_start
 
 
 def report_line(name: str, values: list[float]) -> tuple[str, list[float]]:
@@ -64,9 +59,9 @@ def main() -> None:
             if code:
                 raise SystemExit(code)
         phases = json.loads((folder / "phases.json").read_text())
-        row = {"seed": seed, "gain": rl_gain(phases), "after_rl": phases["phases"]["after RL"]["success"][0]}
+        row = {"seed": seed, "gain": rl_phase_gain(phases), "after_rl": phases["phases"]["after RL"]["success"][0]}
         if also:
-            row["gain_also"] = rl_gain(phases["also"])
+            row["gain_also"] = rl_phase_gain(phases["also"])
             row["after_rl_also"] = phases["also"]["phases"]["after RL"]["success"][0]
         rows.append(row)
         print(f"seed {seed}: RL gain {100 * row['gain']:+.1f} pts on {split}"

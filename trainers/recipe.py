@@ -195,6 +195,12 @@ def train_with_recipe(cfg: TrainConfig, progress: bool = True) -> str | None:
     return summary_table(cfg, base_model, result, ws, phases)
 
 
+def rl_phase_gain(phases: dict[str, Any]) -> float:
+    """The paired gain of a run's RL phase in its ``phases.json`` (or its ``also`` part): after RL
+    minus the phase before it, on the same prompts."""
+    return next(v[0] for k, v in phases["gains"].items() if k.endswith("-> after RL") and not k.startswith("untrained"))
+
+
 def summary_table(cfg: TrainConfig, base_model: str, result: Any, ws: WarmStart | None, phases: dict[str, Any]) -> str:
     """The table ``treegym train`` prints: each phase's held-out score and the paired gains."""
     def pct(v: list[float]) -> str:

@@ -1,0 +1,163 @@
+"""RL on the real envs, judged across training seeds at equal generated tokens (issue "Cash in the fork").
+
+For each method (an algorithm with its overrides) and each training seed, the RL phase runs from
+the env's cached warm start (``treegym train --model WARM --warm_start off --seed S``) until it
+has generated ``--budget`` tokens (``run.token_budget``; ``--steps`` only caps it), scoring
+held-out EM on ``--eval-n`` prompts before, every ``--eval-every`` steps, and after. Per method it
+reports the mean RL-phase gain over seeds with its 95% t-interval, the paired difference against
+the first method over seeds (the same seed: the same warm start, eval prompts and first prompts),
+wall seconds and tokens, and it plots held-out EM and training reward against tokens and against
+wall time (``curves.png``).
+
+    python benchmarks/rl_real_envs.py --seeds 0 1 2 --budget 12000 --eval-n 128
+    python benchmarks/rl_real_envs.py --env WebSearchQA-v0 --methods grpo tree-grpo
+    python benchmarks/rl_real_envs.py --quick        # 2 methods, 1 seed, a small budget: the pipeline
+
+Runs that finished are read back, not rerun, so an interrupted benchmark resumes. Extra
+``--field=value`` arguments reach every run (for example ``--optim.lr=1e-5``); tune each method's
+learning rate with the same effort on seeds you do not report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import treegym  # noqa: F401  (registers the envs)
+from treegym.cli import main as treegym_main
+from treegym.stats import t_interval
+from treegym.trainers.config import load_config, parse_overrides
+from treegym.trainers.recipe import rl_phase_gain, warm_start
+
+# name -> overrides; the first method named is the baseline of the paired differences
+METHODS: dict[str, list[str]] = {
+    "grpo": ["--algo=grpo"],
+    "tree-grpo": ["--algo=tree-grpo"],
+    "treeopsd": ["--algo=treeopsd"],
+    "fork+moves": ["--algo=tree-grpo", "--sampler.expansion=adaptive", "--sampler.distinct_actions=true"],
+}
+
+
+def run_once(env: str, model: str, method: str, seed: int, args: argparse.Namespace, rest: list[str],
+             out: Path) -> dict[str, Any]:
+    name = f"{method}-seed-{seed}"
+    folder = out / name
+    if not (folder / "phases.json").exists():
+        t0 = time.perf_counter()
+        code = treegym_main(["train", "--env", env, "--model", model, "--seed", str(seed), "--out", str(out),
+                             "--name", name, "--no-progress", "--warm_start=off", f"--steps={args.steps}",
+                             f"--run.token_budget={args.budget}", f"--run.eval_n={args.eval_n}",
+                             f"--run.eval_every={args.eval_every}", *METHODS[method], *rest])
+        if code:
+            raise SystemExit(f"{name} failed (exit {code}); its log is in {folder}")
+        (folder / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+    phases = json.loads((folder / "phases.json").read_text())
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"method": method, "seed": seed, "gain": rl_phase_gain(phases),
+            "after_rl": phases["phases"]["after RL"]["success"][0],
+            "seconds": json.loads((folder / "wall.json").read_text())["seconds"],
+            "tokens": max((m.get("tokens_total", 0) for m in metrics), default=0),
+            "steps": max((m.get("step", 0) for m in metrics), default=0), "metrics": metrics}
+
+
+def summarise(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
+    base = methods[0]
+    by = {m: {r["seed"]: r for r in rows if r["method"] == m} for m in methods}
+    report: dict[str, Any] = {}
+    for m in methods:
+        gains = [r["gain"] for r in by[m].values()]
+        iv = t_interval(gains)
+        entry = {"gain": [iv.mean, iv.low, iv.high], "seeds": len(gains),
+                 "seconds": sum(r["seconds"] for r in by[m].values()) / len(gains),
+                 "tokens": sum(r["tokens"] for r in by[m].values()) / len(gains)}
+        shared = sorted(set(by[m]) & set(by[base]))
+        if m != base and shared:
+            d = t_interval([by[m][s]["gain"] - by[base][s]["gain"] for s in shared])
+            entry["vs_" + base] = [d.mean, d.low, d.high]
+        report[m] = entry
+    return report
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    colours: dict[str, Any] = {}
+    for r in rows:
+        colour = colours.setdefault(r["method"], f"C{len(colours)}")
+        evals = [m for m in r["metrics"] if "eval_success" in m]
+        steps = [m for m in r["metrics"] if "reward" in m]
+        label = r["method"] if r["seed"] == min(x["seed"] for x in rows if x["method"] == r["method"]) else None
+        for col, key in ((0, "tokens_total"), (1, "seconds_total")):
+            xs = [m.get(key, 0) for m in evals]
+            axes[0, col].plot(xs, [100 * m["eval_success"] for m in evals], "o-", color=colour, alpha=0.6, label=label)
+        axes[1, 0].plot([m["tokens_total"] for m in steps], [m["reward"] for m in steps], color=colour, alpha=0.6,
+                        label=label)
+        elapsed = [sum(m.get("time_step", 0) for m in steps[: i + 1]) for i in range(len(steps))]
+        axes[1, 1].plot(elapsed, [m["reward"] for m in steps], color=colour, alpha=0.6, label=label)
+    for ax, (x, y) in zip(axes.flat, (("generated tokens", "held-out EM (%)"), ("training seconds", "held-out EM (%)"),
+                                      ("generated tokens", "training reward"), ("training seconds", "training reward"))):
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend()
+    fig.suptitle("RL phase from the warm start: each line one training seed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--env", default="TreeSearchQA-v0")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+                    help="the first is the baseline of the paired differences (default: all, GRPO first)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--budget", type=int, default=12_000, help="generated tokens per run (equal for every method)")
+    ap.add_argument("--steps", type=int, default=1000, help="a cap on steps; the token budget ends a run first")
+    ap.add_argument("--eval-n", type=int, default=128, help="held-out prompts scored before, during and after")
+    ap.add_argument("--eval-every", type=int, default=4, help="steps between held-out scorings (0: before/after only)")
+    ap.add_argument("--out", default="runs/rl-real-envs")
+    ap.add_argument("--quick", action="store_true", help="grpo and tree-grpo, seed 0, 1,500 tokens, 16 prompts")
+    args, rest = ap.parse_known_args()
+    if args.quick:
+        args.methods, args.seeds, args.budget, args.eval_n, args.eval_every = ["grpo", "tree-grpo"], [0], 1500, 16, 0
+    cfg = load_config(None, [("env", args.env), *parse_overrides(rest)])
+    ws = warm_start(cfg)  # the env's default warm start (seed 0), cached
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"{args.env} from {ws.folder}: {len(args.methods)} methods x {len(args.seeds)} seeds, {args.budget} tokens "
+          f"per run, {args.eval_n} held-out prompts; load average {load[0]:.2f}", flush=True)
+    rows = []
+    for seed in args.seeds:
+        for method in args.methods:
+            row = run_once(args.env, str(ws.folder), method, seed, args, rest, out)
+            rows.append(row)
+            print(f"{method:>12} seed {seed}: RL gain {100 * row['gain']:+.1f} pts, EM after {100 * row['after_rl']:.1f}%, "
+                  f"{row['steps']} steps, {row['tokens']} tokens, {row['seconds']:.0f} s", flush=True)
+    report = summarise(rows, args.methods)
+    for m, e in report.items():
+        g = e["gain"]
+        line = (f"{m:>12}: RL-phase gain {100 * g[0]:+.1f} pts [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}] over {e['seeds']} "
+                f"seeds, {e['seconds']:.0f} s and {e['tokens']:.0f} tokens per run")
+        if "vs_" + args.methods[0] in e:
+            d = e["vs_" + args.methods[0]]
+            line += f"; vs {args.methods[0]} {100 * d[0]:+.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}] (paired by seed)"
+        print(line)
+    (out / "report.json").write_text(json.dumps({"env": args.env, "budget": args.budget, "eval_n": args.eval_n,
+                                                  "load_average": load, "methods": report,
+                                                  "runs": [{k: v for k, v in r.items() if k != "metrics"} for r in rows]},
+                                                 indent=2) + "\n")
+    plot(rows, out / "curves.png")
+    print(f"report: {out / 'report.json'}, curves: {out / 'curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
