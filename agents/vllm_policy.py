@@ -27,8 +27,11 @@ needs a change there and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import sys
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +126,9 @@ class VLLMPolicy:
         self._vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         kwargs = {VLLM_API.prefix_caching_kwarg: True, **({VLLM_API.sleep_mode_kwarg: True} if sleep_mode else {})}
-        self.llm = vllm.LLM(model=str(folder), gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, dtype=dtype, seed=seed, **kwargs, **llm_kwargs)
+        with _out_of_the_kernel_scan():
+            self.llm = vllm.LLM(model=str(folder), gpu_memory_utilization=gpu_memory_utilization,
+                                max_model_len=max_model_len, dtype=dtype, seed=seed, **kwargs, **llm_kwargs)
         self.sleep_mode = sleep_mode
         self.asleep = False
         self.weight_pushes = 0
@@ -197,3 +201,34 @@ def context_seeds(seed: int | None, n: int) -> list[int | None]:
     """One seed per context of a call: ``seed + i`` (distinct within the call), or all None (the
     engine's own generator, which differs between requests already)."""
     return [None] * n if seed is None else [seed + i for i in range(n)]
+
+
+@contextlib.contextmanager
+def _out_of_the_kernel_scan() -> Iterator[None]:
+    """Keep module attributes that vLLM's kernel scan cannot read out of their modules while an engine starts.
+
+    A worker without Triton (the CPU build) swaps its Triton kernels for C++ ones as it starts, and finds
+    every copy of them by reading ``vars(value).get("kernel")`` for each attribute of each loaded module
+    (``vllm/triton_utils/dispatcher.py``, 0.32). An object whose ``__dict__`` is not a mapping stops that
+    scan with an AttributeError: llvmlite's ``binding.ffi.lib`` answers any attribute with a C function
+    wrapper, and llvmlite is loaded once the BM25 index (bm25s, numba) has been, so an engine built
+    after the QA envs (the warm start, a second run in one process) could not start. Such attributes
+    leave their modules for the engine's start-up and come back after it.
+    """
+    hidden = []
+    with warnings.catch_warnings():  # reading every module attribute wakes deprecation warnings (torch's)
+        warnings.simplefilter("ignore")
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                if hasattr(value, "__dict__") and not isinstance(getattr(value, "__dict__", None), Mapping):
+                    hidden.append((namespace, attr, value))
+    for namespace, attr, _ in hidden:
+        del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value
