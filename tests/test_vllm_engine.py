@@ -293,4 +293,4 @@ def test_training_with_the_vllm_backend_samples_the_trained_weights_after_every_
     finally:
         if lock is not None:
             lock.release()
-        parallel.teardown_distributed()
+        parallel.teardown_distributed(dist)
