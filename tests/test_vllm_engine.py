@@ -159,6 +159,18 @@ def test_a_seeded_call_never_gives_two_contexts_the_same_seed(engine: VLLMPolicy
     assert [g.token_ids for g in engine.generate([trunk] * 4, seeded)] == first  # and the seed reproduces them
 
 
+def test_a_seeded_call_longer_than_one_step_runs_and_keeps_each_contexts_seed(engine: VLLMPolicy,
+                                                                               trunk: list[int]) -> None:
+    """Fourteen distinct trunks (a different first token: no shared block) are more prompt tokens than
+    one engine step takes (4,096); with chunked prefill a seeded prompt cut over two steps failed on a CPU."""
+    contexts = [[t] + trunk for t in range(14)]
+    assert sum(map(len, contexts)) > 4096
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=2, stop=(), seed=21)
+    gens = engine.generate(contexts, seeded)
+    assert all(len(g.token_ids) == 2 for g in gens)
+    assert engine.generate(contexts[:1], seeded)[0].token_ids == gens[0].token_ids  # seed + 0, alone or not
+
+
 def test_prefix_cache_reuse_is_counted_on_tree_contexts(engine: VLLMPolicy, hf: tuple[Any, Any],
                                                         trunk: list[int]) -> None:
     _, tok = hf
