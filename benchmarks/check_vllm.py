@@ -154,7 +154,8 @@ def training_step_check(model: str, failures: list[str]) -> None:
         ("optim.skip_empty_steps", False), ("loss.entropy_coef", 0.05), ("run.eval_n", 0), ("run.out_dir", out), ("run.tensorboard", False),
         ("sampler.vllm_gpu_memory", 0.25)])  # fmt: skip
     dist, device = parallel.setup_distributed(cfg.model_opts.device)
-    run = loop.setup(cfg, loop._open_folder(cfg, dist), dist, device)
+    folder, _lock = loop._open_folder(cfg, dist)  # the lock is held while the check runs
+    run = loop.setup(cfg, folder, dist, device)
     old = copy.deepcopy(run.model).eval()
     t0 = time.perf_counter()
     batch = loop.sample(run)
