@@ -138,3 +138,14 @@ def test_held_out_arguments_are_checked(tmp_path, capsys) -> None:
     assert "--split" in capsys.readouterr().err
     assert main(["study", "--held-out", "--out", str(tmp_path), "--budgets", "2,4"]) == 2
     assert main(["study", "--held-out", "--out", str(tmp_path), "--methods", "fork"]) == 2
+
+
+def test_treeopsd_is_reported_beside_the_choice_whenever_it_is_among_the_methods() -> None:
+    from treegym.cli import build_parser
+
+    def also(*argv: str) -> tuple[str, ...]:
+        return cli_study.protocol_from_args(build_parser().parse_args(["study", "--held-out", *argv])).also
+
+    assert also() == ("treeopsd",)
+    assert also("--quick", "--methods", "grpo,fork,treeopsd") == ("treeopsd",)
+    assert also("--methods", "grpo,fork") == () and also("--quick") == ()
