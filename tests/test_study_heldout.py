@@ -129,6 +129,7 @@ def test_held_out_study_runs_end_to_end_and_reports_each_report_task(monkeypatch
     text = (tmp_path / "report.md").read_text()
     assert "## The claim (report tasks" in text and "aggregate Δ vs grpo" in text
     assert f"| {report[0]['task']} |" in text and "## Diagnostics" in text
+    assert "| Δ fork with | Δ fork without |" in text  # the property table, per reported method
     assert main(args) == 0  # a rerun reuses every run
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(records)
 
