@@ -129,6 +129,7 @@ def test_held_out_study_runs_end_to_end_and_reports_each_report_task(monkeypatch
     text = (tmp_path / "report.md").read_text()
     assert "## The claim (report tasks" in text and "aggregate Δ vs grpo" in text
     assert f"| {report[0]['task']} |" in text and "## Diagnostics" in text
+    assert "| Δ fork with | Δ fork without |" in text  # the property table, per reported method
     assert main(args) == 0  # a rerun reuses every run
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(records)
 
@@ -138,3 +139,14 @@ def test_held_out_arguments_are_checked(tmp_path, capsys) -> None:
     assert "--split" in capsys.readouterr().err
     assert main(["study", "--held-out", "--out", str(tmp_path), "--budgets", "2,4"]) == 2
     assert main(["study", "--held-out", "--out", str(tmp_path), "--methods", "fork"]) == 2
+
+
+def test_treeopsd_is_reported_beside_the_choice_whenever_it_is_among_the_methods() -> None:
+    from treegym.cli import build_parser
+
+    def also(*argv: str) -> tuple[str, ...]:
+        return cli_study.protocol_from_args(build_parser().parse_args(["study", "--held-out", *argv])).also
+
+    assert also() == ("treeopsd",)
+    assert also("--quick", "--methods", "grpo,fork,treeopsd") == ("treeopsd",)
+    assert also("--methods", "grpo,fork") == () and also("--quick") == ()

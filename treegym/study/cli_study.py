@@ -114,7 +114,7 @@ def protocol_from_args(args: argparse.Namespace) -> Protocol:
         raise ConfigError(f"--held-out runs one even budget B >= 2, got {args.budgets}")
     return Protocol(
         split=split, candidates=tuple(m for m in methods if m != "grpo"),
-        also=() if quick or args.methods else DEFAULT_ALSO, budget=(args.budgets or (4,))[0],
+        also=tuple(m for m in DEFAULT_ALSO if m in methods), budget=(args.budgets or (4,))[0],
         select_seeds=tuple(range(1000, 1000 + (args.tune_seeds or (1 if quick else 3)))),
         report_seeds=tuple(range(args.seeds or (4 if quick else 16))), max_settings=2 if quick else 0,
         eval_n=32 if quick else 64,

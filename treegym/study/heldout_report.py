@@ -93,23 +93,31 @@ def diagnostics_table(protocol: Protocol, records: Sequence[dict[str, Any]]) -> 
     return "\n".join(lines)
 
 
+PROPERTIES = {"visible failure": lambda p: p.failure == "visible", "move after an opening word": lambda p: p.opening,
+              "tool": lambda p: p.tools, "distractors": lambda p: p.distractors > 0,
+              "horizon ≥ 6": lambda p: p.horizon >= 6, "turns ≥ 8 tokens": lambda p: p.turn_tokens >= 8,
+              "prior random": lambda p: p.prior == "random", "prior uses_tools": lambda p: p.prior == "uses_tools"}
+
+
 def property_table(protocol: Protocol, choice: Choice, records: Sequence[dict[str, Any]]) -> str:
-    """Which task properties go with a tree win: the chosen variant's mean per-task Δ over the report
-    tasks that have each property, and over those that do not."""
+    """Which task properties go with a tree win: each reported method's mean per-task Δ over the report
+    tasks that have each property, and over those that do not (the chosen variant first)."""
     params = dict(protocol.split.params)
-    deltas = per_task_deltas(records, choice.variant, _setting(choice, choice.variant), protocol.baseline,
-                             _setting(choice, protocol.baseline))
-    per = {t: statistics.fmean(d) for t, d in deltas.items() if d and t in params}
-    props = {"visible failure": lambda p: p.failure == "visible", "move after an opening word": lambda p: p.opening,
-             "tool": lambda p: p.tools, "distractors": lambda p: p.distractors > 0,
-             "horizon ≥ 6": lambda p: p.horizon >= 6, "turns ≥ 8 tokens": lambda p: p.turn_tokens >= 8,
-             "prior random": lambda p: p.prior == "random", "prior uses_tools": lambda p: p.prior == "uses_tools"}
-    lines = [f"| property | tasks with it | Δ {choice.variant} with it | tasks without | Δ without |", "|---|---|---|---|---|"]
-    for name, has in props.items():
-        yes = [d for t, d in per.items() if has(params[t])]
-        no = [d for t, d in per.items() if not has(params[t])]
-        f = lambda xs: f"{statistics.fmean(xs):+.3f}" if xs else "—"  # noqa: E731
-        lines.append(f"| {name} | {len(yes)} | {f(yes)} | {len(no)} | {f(no)} |")
+    others = [m for m in _reported(protocol, choice) if m != protocol.baseline]
+    per = {}
+    for m in others:
+        deltas = per_task_deltas(records, m, _setting(choice, m), protocol.baseline, _setting(choice, protocol.baseline))
+        per[m] = {t: statistics.fmean(d) for t, d in deltas.items() if d and t in params}
+    tasks = set().union(*per.values())
+    f = lambda xs: f"{statistics.fmean(xs):+.3f}" if xs else "—"  # noqa: E731
+    lines = ["| property | tasks with it | tasks without | "
+             + " | ".join(f"Δ {m} with | Δ {m} without" for m in others) + " |",
+             "|---|---|---|" + "---|---|" * len(others)]
+    for name, has in PROPERTIES.items():
+        yes = {t for t in tasks if has(params[t])}
+        cells = [f"{f([d for t, d in per[m].items() if t in yes])} | {f([d for t, d in per[m].items() if t not in yes])}"
+                 for m in others]
+        lines.append(f"| {name} | {len(yes)} | {len(tasks) - len(yes)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
