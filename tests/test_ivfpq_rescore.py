@@ -88,3 +88,19 @@ def test_an_ivfpq_index_opens_with_rescoring_and_survives_lost_embeddings(monkey
         degraded = load_dense(ensure_index(small, "ivfpq"), small, "ivfpq", "minilm")
     assert degraded.rerank == 0
     assert len(degraded.search(queries[:2], 3)[0]) == 3
+
+
+def test_garbled_rescoring_vectors_of_the_same_size_are_refused_never_used(monkeypatch, tmp_path):
+    """A same-size garbled ``vectors.npy`` would reorder hits silently: it fails its checksum on open."""
+    from treegym.errors import IndexFormatError
+
+    monkeypatch.setenv("TREEGYM_HOME", str(tmp_path))
+    small = load_corpus("wiki", 40)
+    open_retriever(index="ivfpq", limit=40, progress=False)
+    path = ensure_embeddings(small, "minilm") / "vectors.npy"
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)  # the last row's tail zeroed: same size, other numbers
+    path.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="checksum mismatch.*rebuild it with `treegym index build") as refused:
+        load_dense(ensure_index(small, "ivfpq"), small, "ivfpq", "minilm")
+    assert "\n" not in str(refused.value)
