@@ -36,8 +36,9 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def start_server(index: str, limit: int | None) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "treegym.cli", "index", "serve", "--type", index, "--port", "0", "--quiet"]
+def start_server(index: str, limit: int | None, python: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """``treegym index serve`` on a free loopback port, run by ``python``: the process and its URL."""
+    cmd = [python, "-m", "treegym.cli", "index", "serve", "--type", index, "--port", "0", "--quiet"]
     if limit:
         cmd += ["--limit", str(limit)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})

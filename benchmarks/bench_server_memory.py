@@ -19,27 +19,15 @@ import argparse
 import http.client
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench_serve_load import start_server  # benchmarks/ is on the path when a script in it runs
+
 WORDS = ["inventor", "telephone", "Ibsen", "play", "capital", "Norway", "river", "king", "war", "painter"]
-
-
-def start_server(python: str, index: str, limit: int) -> tuple[subprocess.Popen, str]:
-    cmd = [python, "-m", "treegym.cli", "index", "serve", "--type", index, "--port", "0", "--quiet"]
-    if limit:
-        cmd += ["--limit", str(limit)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "serving {...} on http://127.0.0.1:PORT (...)"
-    if " on http://" not in line:
-        proc.kill()
-        sys.exit(f"the server did not start: {line!r}")
-    return proc, line.split(" on ", 1)[1].split()[0]
 
 
 def memory_mb(pid: int) -> dict[str, float]:
@@ -80,7 +68,7 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=3.0, help="seconds to wait before the last reading (default: 3)")
     args = parser.parse_args()
 
-    proc, url = start_server(args.python, args.index, args.limit)
+    proc, url = start_server(args.index, args.limit, args.python)
     try:
         assert post(url, {"queries": ["warm up"], "topk": 3}) == 200
         base = memory_mb(proc.pid)
