@@ -29,4 +29,8 @@ def test_each_algorithm_learns_the_sparse_lock(name: str, tmp_path) -> None:
     assert "error" not in r, r.get("trace")
     assert r["success_before_t1"] < 0.45
     assert r["success_t1"] > 0.8, r["curve"]
-    assert r["reward_last"] > r["reward_first"] + 0.3
+    # Forced-distinct siblings (sampler.distinct) make one of two siblings at each fork take the other
+    # move on a 2-choice lock, so the training reward of a learned policy stays near half at forks:
+    # it must still rise, by less. Held-out success above is the claim that it learned.
+    rise = 0.1 if dict(setting).get("sampler.distinct") else 0.3
+    assert r["reward_last"] > r["reward_first"] + rise
