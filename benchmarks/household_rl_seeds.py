@@ -13,6 +13,9 @@ on ``--also-split`` (``unseen``).
 Each run scores the second split itself (``run.also_eval_split``, its gains under ``also`` in
 ``phases.json``). The warm start is the one ``treegym train --env TextHousehold-v0`` caches
 (built first when it is not cached yet). Extra ``--field=value`` arguments reach every run.
+
+Every seed starts from the same warm start, so its greedy evaluation before RL is the same: the
+first run scores it and the others read it back (``run.memo_before``, ``trainers/heldout.py``).
 """
 
 from __future__ import annotations

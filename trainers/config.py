@@ -140,6 +140,9 @@ class RunConfig:
     also_eval_split: str = opt("", "a second held-out split, scored like eval_split before and after RL and reported "
                                "beside it ('' = none; household: unseen)")
     eval_temperature: float = opt(0.0, "sampling temperature for success before/after (0 = greedy)")
+    memo_before: bool = opt(True, "remember the greedy evaluation before RL of a sealed model folder (a warm start) under "
+                             "TREEGYM_HOME/heldout-memo, keyed by its weights, the protocol and the code, so another "
+                             "seed or a rerun from it does not score it again")
     eval_sampled: bool = opt(False, "also evaluate at temperature 1 (logged as eval_success_t1)")
     plots: bool = opt(True, "write plots of the metrics at the end of the run")
     eval_every: int = opt(0, "steps between held-out evaluations during training (0 = before/after only)")

@@ -10,8 +10,15 @@ give a paired gain with its interval (``phase_summary``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import astuple
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, astuple
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +28,7 @@ from treegym.agents.policy import Policy
 from treegym.agents.protocol import Protocol, play_protocol
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.envs import registry as env_registry
+from treegym.paths import FOLDER_SEAL, cache_dir, digest, folder_problem
 from treegym.stats import paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
@@ -74,3 +82,61 @@ def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any
             for key, name in (("gains", "success"), ("well_formed_gains", "well_formed")):
                 out[key][f"{n0} -> {n1}"] = list(astuple(paired_difference(h1.values(name), h0.values(name))))
     return out
+
+
+# ---- the evaluation before RL, remembered ------------------------------------------------------
+
+MEMO_VERSION = 1
+
+
+def before_memo_path(cfg: TrainConfig, split: str, folder: Path, backend: str, device: torch.device) -> Path | None:
+    """Where the greedy held-out evaluation of the weights in ``folder`` on ``split`` is remembered
+    (``remembered``), or None where it cannot be.
+
+    The same model folder scored by the same protocol gives the same figures: a second training
+    seed from one warm start, or a rerun over a cached one, scores it again for nothing. The key
+    is everything the figures depend on: the folder's seal (the SHA-256 of every file, so other
+    weights are another key), the protocol (``run_protocol`` on ``split``), the sampling backend,
+    LoRA, bf16 and the device type, and the source of the treegym code that plays it (an edited
+    env or sampler is another key). None for a sampled evaluation (its figures depend on the
+    seed), a folder without a holding seal, and ``run.memo_before=false``."""
+    protocol = run_protocol(cfg, split=split)
+    if not cfg.run.memo_before or protocol.temperature != 0.0 or folder_problem(folder) is not None:
+        return None
+    key = {"version": MEMO_VERSION, "seal": digest(folder / FOLDER_SEAL), "protocol": asdict(protocol),
+           "backend": backend, "lora": cfg.model_opts.lora, "bf16": cfg.model_opts.bf16, "device": device.type,
+           "code": code_digest()}
+    name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return cache_dir("heldout-memo") / f"{name}.json"
+
+
+def remembered(path: Path | None, evaluate: Callable[[], HeldOut | None]) -> tuple[HeldOut | None, bool]:
+    """``evaluate()``'s result, read from ``path`` when an earlier call wrote it there (then True),
+    else computed and written (atomically) for the next call. An unreadable memo is evaluated again."""
+    if path is not None and path.is_file():
+        try:
+            return HeldOut.from_dict(json.loads(path.read_text(encoding="utf-8"))), True
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            warnings.warn(f"ignoring the remembered evaluation {path} ({type(exc).__name__}): scoring again", stacklevel=2)
+    got = evaluate()
+    if path is not None and got is not None:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(got.to_dict(), f)
+        os.replace(tmp, path)
+    return got, False
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 over the source of every treegym package (``treegym``, its envs, agents, trainers)."""
+    import treegym
+    from treegym import agents, envs, trainers
+
+    h = hashlib.sha256()
+    for package in (treegym, envs, agents, trainers):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()

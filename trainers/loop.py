@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from treegym.agents.models import resolve_model_folder
 from treegym.agents.rollout.context import resolve_mode
 from treegym.agents.rollout.diagnostics import distinct_first_moves, effective_trajectories
 from treegym.agents.rollout.distinct import distinct_action_share
@@ -48,7 +49,7 @@ from treegym.trainers.checkpoint import (
     save_policy,
 )
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.heldout import evaluate_policy, run_protocol
+from treegym.trainers.heldout import before_memo_path, evaluate_policy, remembered, run_protocol
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
 from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
 from treegym.trainers.model import (
@@ -180,6 +181,19 @@ class Run:
         return evaluate_policy(self.engine.policy, env, self.cfg, self.device, temperature=temperature,
                                dist=self.dist, progress=self.progress and self.dist.main)
 
+    def evaluate_before(self, env: Any, split: str) -> HeldOut | None:
+        """``evaluate(env)`` of the model as loaded, remembered across runs of the same sealed model
+        folder (``heldout.before_memo_path``: another seed from one warm start scores it once)."""
+        if env is None:
+            return None
+        path = None
+        if not self.dist.on:
+            path = before_memo_path(self.cfg, split, resolve_model_folder(self.cfg.model), self.engine.backend, self.device)
+        got, was_remembered = remembered(path, lambda: self.evaluate(env))
+        if was_remembered and self.dist.main:
+            print(f"held-out {env_registry.resolve_split(self.cfg.env, split)} before RL: remembered ({path})")
+        return got
+
     def log_eval(self, step: int, got: HeldOut | None) -> None:
         """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""
         if got is None:
@@ -232,12 +246,12 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
         state.extra["success_before"] = state.extra.pop("em_before")
     if "success_before" not in state.extra:
-        before = run.evaluate(run.eval_env)
+        before = run.evaluate_before(run.eval_env, cfg.run.eval_split)
         state.extra["success_before"] = None if before is None else before.success_rate
         state.extra["eval_before"] = None if before is None else before.to_dict()
         run.log_eval(0, before)
     if run.also_env is not None and "also_before" not in state.extra:
-        also = run.evaluate(run.also_env)
+        also = run.evaluate_before(run.also_env, cfg.run.also_eval_split)
         state.extra["also_before"] = None if also is None else also.to_dict()
     return run
 
