@@ -52,6 +52,7 @@ class Family:
     steps: int | None = None  # RL steps of `treegym train` on defaults (what the family's step time affords)
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
+    distinct_actions: bool | None = None  # train's sampler.distinct_actions: siblings at a fork make different moves
     expert: str | None = None  # the name of the expert a warm start imitates (``treegym.agents.experts``)
     training: str | None = None  # the id of the variant the family trains on
     training_kwargs: Mapping[str, Any] = field(default_factory=dict)

@@ -127,9 +127,14 @@ def test_the_action_key_is_the_parsed_move_not_the_text() -> None:
     from treegym.envs.core import base_env
 
     env = base_env(gym.make("TextHousehold-v0"), bare=True)
-    env.reset(seed=0)
-    assert env.action_key("go to drawer 1") == env.action_key("  go to   drawer 1\n")
-    assert env.action_key("go to drawer 1") != env.action_key("go to drawer 2")
+    _, info = env.reset(seed=0)
+    go = sorted(c for c in info["admissible_commands"] if c.startswith("go to "))
+    assert len(go) >= 2
+    assert env.action_key(go[0]) == env.action_key(f"  {go[0].replace(' ', '   ')}\n")
+    assert env.action_key(go[0]) == env.action_key(f"<think>first</think><action>{go[0]}</action>")
+    assert env.action_key(go[0]) != env.action_key(go[1])
+    # Every command that is not admissible does the same thing (nothing, and the penalty): one move.
+    assert env.action_key("go to the moon") == env.action_key("fly") == env.action_key("") != env.action_key(go[0])
     maze = ProbeMazeEnv(horizon=4, doors=3)
     maze.reset(seed=0)
     assert maze.action_key("door1 x y") == maze.action_key("door1 z")

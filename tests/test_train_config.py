@@ -184,3 +184,10 @@ def test_a_familys_step_count_is_the_default_and_an_override_wins() -> None:
     assert load_config(overrides=[("env", "TreeSearchQA-v0"), ("steps", "2")]).steps == 2
     household = load_config(overrides=[("env", "TextHousehold-v0")]).steps
     assert household == TrainConfig().steps != qa  # a family without its own count keeps the trainer's
+
+
+def test_household_siblings_make_different_moves_by_default_and_qa_keeps_its_own() -> None:
+    household = load_config(overrides=[("env", "TextHousehold-v0")])
+    assert household.sampler.distinct_actions is True
+    assert load_config(overrides=[("env", "TextHousehold-v0"), ("sampler.distinct_actions", "false")]).sampler.distinct_actions is False
+    assert load_config(overrides=[("env", "TreeSearchQA-v0")]).sampler.distinct_actions is TrainConfig().sampler.distinct_actions

@@ -319,7 +319,7 @@ FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "ma
                  "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
                  "steps": "steps",
                  "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "micro_batch_size",
-                 "run.also_eval_split": "also_eval_split"}
+                 "run.also_eval_split": "also_eval_split", "sampler.distinct_actions": "distinct_actions"}
 
 
 def family_defaults(env_id: str) -> dict[str, Any]:

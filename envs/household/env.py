@@ -22,6 +22,7 @@ from treegym.envs.household.world import Action, State, actions, apply, game_pro
 from treegym.envs.registry import Family, register_family
 
 NOTHING = "Nothing happens."
+NOT_ADMISSIBLE = "(not admissible)"  # the action key of every command that is not admissible (no command reads so)
 # The admissible-commands cap (list_admissible=True): the whole list when it fits in
 # LIST_MAX_TOKENS tokens, else the LIST_TOP_N most relevant (measured: docs/household.md).
 LIST_TOP_N = 10
@@ -237,6 +238,15 @@ class TextHouseholdEnv(ForkableEnv[HouseholdState]):
         require_running(s, s is not None and (s.won or s.steps >= self.max_steps))
         return self.make_plan((), extract_command(action))
 
+    def action_key(self, action: str) -> str:
+        """The admissible command ``action`` makes (normalised, ``put X in Y`` read as ``move X to
+        Y``), or one key for every command that is not admissible: those all do the same thing
+        (nothing, and the invalid-command penalty), so they are one move. Siblings that differ
+        by this key (``sampler.distinct_actions``) are different admissible commands, at most
+        one of them not admissible."""
+        cmd = self.plan(action).parsed
+        return cmd if cmd in self._actions(self.state.game)[0] else NOT_ADMISSIBLE
+
     def resolve(self, plan: Plan, results: Sequence[Any]) -> StepResult:
         self.check_plan(plan)
         cmd, s = plan.parsed, self.state
@@ -280,6 +290,8 @@ register_family(Family(
     # micro-batch takes SDPA's masked path on the CPU, which keeps every layer's attention (11.5 GB
     # at 4 x 1,500 tokens); the loss is the same.
     micro_batch_size=1, also_eval_split="unseen",
+    # Siblings at a fork make different moves, so different admissible commands (action_key).
+    distinct_actions=True,
     expert="heuristic", score="success", tools="household",
     # The listing's cap is spelt out so that it is part of every warm start's cache key.
     training="TextHousehold-Train-v0",
