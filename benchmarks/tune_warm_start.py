@@ -3,7 +3,9 @@
 ``treegym train`` reports its phases on the first ``eval_n`` tasks of the eval split. This
 script trains warm starts with several settings (``--grid``, each ``episodes:epochs:lr:batch``)
 and scores each on the *next* ``--n`` tasks of the same split (``--offset``, default 32: the
-report's prompts are never used to choose), greedy, with the trainer's turn budget and stops.
+report's prompts are never used to choose), greedy, by the run's own held-out protocol
+(``heldout.run_protocol``: turn budget, turn length, context mode and cap, the env's stops) and
+policy (``model.make_policy``), so a tuning figure and the run's figure are measured alike.
 It prints success (EM on QA) with its Wilson 95% interval, well-formed actions, SFT time and
 label tokens per setting, side by side.
 
@@ -22,15 +24,14 @@ from pathlib import Path
 import torch
 
 import treegym  # noqa: F401  (registers the envs)
-from treegym.agents.hf_policy import HFPolicy
 from treegym.agents.models import load_model
-from treegym.agents.policy import SamplingParams
-from treegym.agents.rollout.context import resolve_mode
-from treegym.agents.rollout.samplers import sample_chains
+from treegym.agents.protocol import play_protocol
 from treegym.agents.rollout.scoring import heldout_from_batch
 from treegym.envs import registry as env_registry
 from treegym.stats import paired_difference
 from treegym.trainers.config import load_config
+from treegym.trainers.heldout import run_protocol
+from treegym.trainers.model import make_policy
 from treegym.trainers.prompts import make_env
 from treegym.trainers.sft import run_sft
 
@@ -60,17 +61,15 @@ def main() -> None:
     args = ap.parse_args()
 
     cfg = load_config(None, [("env", args.env)])
-    s = cfg.sampler
     eval_env = make_env(cfg, cfg.run.eval_split)
     ids = env_registry.task_ids(eval_env)
     prompts = [{"task_id": t} for t in ids[args.offset : args.offset + args.n]]
-    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
+    protocol = run_protocol(cfg, temperature=0.0)  # the run's, on the tasks after its report's
 
     def score_folder(folder: Path):
         model, tok = load_model(str(folder), device="cpu", dtype=torch.float32)
         with torch.no_grad():
-            batch = sample_chains(HFPolicy(model, tok, seed=args.seed), eval_env, prompts, 1, greedy,
-                                  max_turns=s.max_turns, mode=resolve_mode(s.context_mode, tok))
+            batch = play_protocol(make_policy(model, tok, seed=args.seed), eval_env, prompts, protocol)
         return heldout_from_batch(batch), batch, tok
 
     rows = []
