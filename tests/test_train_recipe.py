@@ -215,3 +215,25 @@ def test_household_summary_reports_seen_and_unseen() -> None:
     assert re.search(r"success after RL \(seen\)\s+25\.0%", table)
     assert re.search(r"success after RL \(unseen\)\s+0\.0%", table)
     assert re.search(r"gain before RL -> after RL \(unseen\)\s+-25\.0 pts", table)
+
+
+def test_another_warm_start_of_a_model_reads_its_untrained_evaluation_back(tiny_chat_model: Path, tmp_path: Path,
+                                                                            monkeypatch, capsys) -> None:
+    import shutil
+
+    from treegym.paths import seal_folder
+
+    monkeypatch.setenv("TREEGYM_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_chat_model, model)
+    seal_folder(model)  # as the converted smollm2 is
+    args = ["--model", str(model), "--steps", "1", "--warm_start=on", "--run.eval_n=4",
+            "--env_kwargs", '{"corpus_limit": 300}', "--run.tensorboard=false"]
+    first = json.loads((_train(tmp_path / "r1", *args, "--warm_start_episodes=4") / "phases.json").read_text())
+    assert "remembered" not in capsys.readouterr().out
+    # Another warm start of the same model: the untrained model's evaluation is read back (the
+    # new warm start's own evaluation before RL is played: other weights).
+    other = json.loads((_train(tmp_path / "r2", *args, "--warm_start_episodes=3") / "phases.json").read_text())
+    out = capsys.readouterr().out
+    assert "held-out evaluation is remembered" in out and "before RL: remembered" not in out
+    assert other["phases"]["untrained"] == first["phases"]["untrained"]

@@ -27,13 +27,13 @@ from typing import Any
 import torch
 
 from treegym.agents.experts import warm_start_expert
-from treegym.agents.models import load_model
+from treegym.agents.models import load_model, resolve_model_folder
 from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir, discard, folder_problem, seal_folder
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
-from treegym.trainers.heldout import evaluate_policy, phase_summary
+from treegym.trainers.heldout import before_memo_path, evaluate_policy, phase_summary, remembered
 from treegym.trainers.loop import train
 from treegym.trainers.metrics import plot_phases
 from treegym.trainers.model import make_policy
@@ -121,12 +121,18 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
     t0 = time.perf_counter()
     log(f"warm start: evaluating the untrained {cfg.model}, then {cfg.warm_start_episodes} expert episodes and SFT")
     untrained = None
-    if cfg.run.eval_n:  # the model as it is, on the run's held-out prompts
+    if cfg.run.eval_n:  # the model as it is, on the run's held-out prompts (remembered: another warm start reuses it)
         device = pick_device(cfg.model_opts.device)
-        model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-        untrained = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
-                                    cfg, device, progress=progress)
-        del model
+
+        def score_untrained() -> HeldOut | None:
+            model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
+            return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
+                                   cfg, device, progress=progress)
+
+        memo = before_memo_path(cfg, cfg.run.eval_split, resolve_model_folder(cfg.model), "hf", device)
+        untrained, was_remembered = remembered(memo, score_untrained)
+        if was_remembered:
+            log(f"warm start: the untrained {cfg.model}'s held-out evaluation is remembered ({memo})")
     if untrained is not None:
         log(f"warm start: untrained {cfg.model}: {score_name(cfg.env)} {untrained.success_rate:.3f} on {untrained.n} held-out prompts")
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
