@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="seed of the episode draw and shuffling (the default run uses 0)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     ap.add_argument("--baseline", default="", help="also score this model folder (e.g. the cached warm start) on the same tasks, first")
+    ap.add_argument("--each-pass", action="store_true",
+                    help="score each setting after every pass too (a learning curve over passes from one SFT run; "
+                         "the learning rate still decays over all the setting's passes)")
     ap.add_argument("--keep", default="", help="keep each setting's model and its tuning traces under this folder")
     args = ap.parse_args()
 
@@ -89,8 +92,24 @@ def main() -> None:
                                      ("sft.micro_batch_size", min(cfg.sft.micro_batch_size, int(batch_size))), ("run.eval_n", 0),
                                      ("seed", args.seed), ("model_opts.device", "cpu")])
             t0 = time.perf_counter()
-            result = run_sft(sft, progress=False, log=lambda *_: None)
-            seconds = time.perf_counter() - t0
+            scoring = [0.0]  # seconds spent scoring between passes, left out of the SFT time
+
+            def after_pass(k: int, model, tok, spec=spec, epochs=int(epochs), t0=t0, scoring=scoring) -> None:
+                if k == epochs:
+                    return  # the last pass is scored below, as every setting is
+                t = time.perf_counter()
+                sft_s = t - t0 - scoring[0]  # SFT so far (the episodes, the passes), without earlier scoring
+                with torch.no_grad():
+                    got = heldout_from_batch(play_protocol(make_policy(model, tok, seed=args.seed), eval_env, prompts, protocol))
+                scoring[0] += time.perf_counter() - t
+                iv = got.intervals()["success"]
+                rows.append({"setting": f"{spec}@{k}", "success": iv.mean, "ci": [iv.low, iv.high],
+                             "well_formed": got.mean("well_formed"), "per_task": got.values("success"), "sft_s": sft_s})
+                print(f"{spec + '@' + str(k):>16}  success {iv.mean:6.1%} [{iv.low:.1%}, {iv.high:.1%}]  well-formed "
+                      f"{got.mean('well_formed'):5.1%}  after pass {k} of {epochs}", flush=True)
+
+            result = run_sft(sft, progress=False, log=lambda *_: None, after_pass=after_pass if args.each_pass else None)
+            seconds = time.perf_counter() - t0 - scoring[0]
             score, batch, tok = score_folder(result.folder)
             if args.keep:
                 _write_traces(tok, batch, out / "tuning_traces.txt")

@@ -51,6 +51,7 @@ class Family:
     warm_start_episodes: int | None = None
     steps: int | None = None  # RL steps of `treegym train` on defaults (what the family's step time affords)
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
+    sft_micro_batch_size: int | None = None  # SFT episodes per forward, where it differs from micro_batch_size
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
     distinct_actions: bool | None = None  # train's sampler.distinct_actions: siblings at a fork make different moves
     expert: str | None = None  # the name of the expert a warm start imitates (``treegym.agents.experts``)

@@ -126,10 +126,14 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
     examples = [episode_example(TokenContext(tokenizer, "chat"), ep, QA_TURN) for ep in _short_episodes()]
     before = example_loss(model, examples, tokenizer.pad_token_id)
     cfg = SFTConfig(epochs=2, batch_size=3, micro_batch_size=3, lr=1e-4, warmup=0.0)
-    losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False)
+    passes: list[tuple[int, bool, float]] = []  # after each pass: its number, train mode, the loss then
+    losses = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"), progress=False,
+                            after_pass=lambda k: passes.append((k, model.training, example_loss(model, examples, tokenizer.pad_token_id))))
     after = example_loss(model, examples, tokenizer.pad_token_id)
     assert len(losses) == 2
     assert after < 0.8 * before
+    assert [(k, training) for k, training, _ in passes] == [(1, False), (2, False)]
+    assert passes[0][2] < before and passes[1][2] == pytest.approx(after)
 
 
 def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:

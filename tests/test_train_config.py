@@ -191,3 +191,16 @@ def test_household_siblings_make_different_moves_by_default_and_qa_keeps_its_own
     assert household.sampler.distinct_actions is True
     assert load_config(overrides=[("env", "TextHousehold-v0"), ("sampler.distinct_actions", "false")]).sampler.distinct_actions is False
     assert load_config(overrides=[("env", "TreeSearchQA-v0")]).sampler.distinct_actions is TrainConfig().sampler.distinct_actions
+
+
+def test_a_familys_sft_micro_batch_follows_its_rollout_micro_batch_unless_it_sets_its_own() -> None:
+    from treegym.envs.registry import Family
+    from treegym.trainers.config import family_defaults
+
+    fam = Family(id="Probe-MicroBatch-v0", entry_point="treegym.envs.probes:ProbeMazeEnv", micro_batch_size=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(__import__("treegym.envs.registry", fromlist=["FAMILIES"]).FAMILIES, fam.id, fam)
+        assert family_defaults(fam.id)["sft.micro_batch_size"] == family_defaults(fam.id)["optim.micro_batch_size"] == 2
+        mp.setitem(__import__("treegym.envs.registry", fromlist=["FAMILIES"]).FAMILIES, fam.id,
+                   Family(id=fam.id, entry_point=fam.entry_point, micro_batch_size=3, sft_micro_batch_size=1))
+        assert (family_defaults(fam.id)["optim.micro_batch_size"], family_defaults(fam.id)["sft.micro_batch_size"]) == (3, 1)

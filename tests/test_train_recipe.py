@@ -203,7 +203,9 @@ def test_household_summary_reports_seen_and_unseen() -> None:
     from treegym.trainers.recipe import summary_table
 
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
-    assert cfg.run.also_eval_split == "unseen" and cfg.optim.micro_batch_size == cfg.sft.micro_batch_size == 1
+    assert cfg.run.also_eval_split == "unseen" and cfg.sft.micro_batch_size == 1
+    # the update packs a tree's kept leaves into one forward; SFT pads, so it takes one episode at a time
+    assert cfg.optim.micro_batch_size == cfg.sampler.leaves and cfg.optim.pack
     n = 32
     zero = HeldOut.from_dict({"success": [0.0] * n, "well_formed": [0.5] * n, "tool_calls": [0.0] * n, "turns": [10.0] * n})
     some = HeldOut.from_dict({"success": [1.0] * 8 + [0.0] * (n - 8), "well_formed": [0.75] * n,

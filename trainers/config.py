@@ -318,7 +318,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "max_new_tokens",
                  "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
                  "steps": "steps",
-                 "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "micro_batch_size",
+                 "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "sft_micro_batch_size",
                  "run.also_eval_split": "also_eval_split", "sampler.distinct_actions": "distinct_actions"}
 
 
@@ -327,6 +327,8 @@ def family_defaults(env_id: str) -> dict[str, Any]:
     under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
     fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
     values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
+    if values["sft.micro_batch_size"] is None:  # SFT takes the rollouts' micro-batch unless the family says
+        values["sft.micro_batch_size"] = getattr(fam, "micro_batch_size", None)
     return {k: v for k, v in values.items() if v is not None}
 
 

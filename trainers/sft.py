@@ -12,7 +12,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -88,11 +88,14 @@ def batch_nll(scorer: TokenScorer, examples: Sequence[SFTExample], pad_id: int, 
 
 
 def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: SFTConfig, pad_id: int,
-                   device: torch.device, progress: bool = True, seed: int = 0) -> list[float]:
+                   device: torch.device, progress: bool = True, seed: int = 0,
+                   after_pass: Callable[[int], None] | None = None) -> list[float]:
     """AdamW over ``cfg.epochs`` shuffled passes; returns the loss (per labelled token) of each step.
 
     A step's loss is the mean over the labelled tokens of its whole batch: micro-batches add
     their summed NLL, divided by the batch's label count, so splitting changes nothing.
+    ``after_pass(k)`` is called after pass ``k`` (1-based) with the model in eval mode (a
+    learning curve over passes from one run: ``benchmarks/tune_warm_start.py --each-pass``).
     """
     if not examples:
         raise ConfigError("no examples to train on")
@@ -107,7 +110,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
     bar = progress_bar(total_steps, "sft", progress, "step")
     model.train()
     try:
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             order = list(range(len(examples)))
             rng.shuffle(order)
             for start in range(0, len(order), cfg.batch_size):
@@ -126,6 +129,10 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
                 losses.append(step_loss)
                 bar.update(1)
                 bar.set_postfix(loss=f"{step_loss:.3f}")
+            if after_pass is not None:
+                model.eval()
+                after_pass(epoch + 1)
+                model.train()
     finally:
         bar.close()
         model.eval()
@@ -171,9 +178,10 @@ def save_model(model: torch.nn.Module, tokenizer: Any, folder: Path, meta: dict[
 # ---- the whole job ----------------------------------------------------------------------------
 
 
-def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dict[str, Any] | None = None) -> SFTResult:
+def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dict[str, Any] | None = None,
+            after_pass: Callable[[int, torch.nn.Module, Any], None] | None = None) -> SFTResult:
     """Collect (or read) expert episodes, train, save (``meta`` added to its sft.json), and score
-    before and after (see module doc).
+    before and after (see module doc). ``after_pass(k, model, tokenizer)`` runs after each pass.
 
     ``cfg.sft`` says how to imitate; the rest of ``cfg`` is the run the model is for: its env and
     training variant, turn budget and length (``sampler``), splits and held-out prompts (``run``),
@@ -218,7 +226,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
 
     before = score("before")
     t_train = time.perf_counter()
-    losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed)
+    each = None if after_pass is None else (lambda k: after_pass(k, model, tokenizer))
+    losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed, after_pass=each)
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score("after")
     saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),

@@ -286,10 +286,12 @@ register_family(Family(
     # count was not re-tuned (docs/household.md).
     id="TextHousehold-v0", entry_point="treegym.envs.household.env:TextHouseholdEnv",
     max_turns=10, max_new_tokens=16, max_context_tokens=2048, warm_start_episodes=128,
-    # One rollout per forward: with the listed commands an episode is ~1,500 tokens, and a padded
+    # One SFT episode per forward: with the listed commands an episode is ~1,500 tokens, and a padded
     # micro-batch takes SDPA's masked path on the CPU, which keeps every layer's attention (11.5 GB
-    # at 4 x 1,500 tokens); the loss is the same.
-    micro_batch_size=1, also_eval_split="unseen",
+    # at 4 x 1,500 tokens); the loss is the same. The update packs a micro-batch into one
+    # sequence (no padding, attention run by run: trainers/packing.py), so a tree's 3 kept leaves
+    # go in one forward and their shared prefix is forwarded once (docs/household.md).
+    micro_batch_size=3, sft_micro_batch_size=1, also_eval_split="unseen",
     # Siblings at a fork make different moves, so different admissible commands (action_key).
     distinct_actions=True,
     expert="heuristic", score="success", tools="household",
