@@ -51,7 +51,7 @@ def _write_traces(tok, batch, path: Path, limit: int = 8) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="TextHousehold-v0")
-    ap.add_argument("--grid", nargs="+", default=["64:1:2e-4:8"], help="settings, each episodes:epochs:lr:batch")
+    ap.add_argument("--grid", nargs="*", default=["64:1:2e-4:8"], help="settings, each episodes:epochs:lr:batch (none: only --baseline)")
     ap.add_argument("--n", type=int, default=32, help="tuning tasks")
     ap.add_argument("--offset", type=int, default=32, help="first tuning task in the eval split (the run reports 0..eval_n-1)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the episode draw and shuffling (the default run uses 0)")
