@@ -100,6 +100,9 @@ def test_the_key_moves_with_the_backend_and_the_code(sealed_model: Path, tmp_pat
     cfg, cpu = config(sealed_model, tmp_path), torch.device("cpu")
     hf = heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu)
     assert heldout.before_memo_path(cfg, "auto", sealed_model, "vllm", cpu) != hf
+    import hashlib
+
+    assert heldout.code_digest() != hashlib.sha256().hexdigest()  # it read the installed source
     monkeypatch.setattr(heldout, "code_digest", lambda: "edited")
     assert heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu) != hf
 

@@ -11,6 +11,7 @@ give a paired gain with its interval (``phase_summary``).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -129,14 +130,14 @@ def remembered(path: Path | None, evaluate: Callable[[], HeldOut | None]) -> tup
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """SHA-256 over the source of every treegym package (``treegym``, its envs, agents, trainers)."""
-    import treegym
-    from treegym import agents, envs, trainers
-
+    """SHA-256 over the source of every treegym package (``treegym``, its envs, agents, trainers),
+    found where they are installed (read, not imported: the face sits above this layer)."""
     h = hashlib.sha256()
-    for package in (treegym, envs, agents, trainers):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+    for name in ("treegym", "treegym.envs", "treegym.agents", "treegym.trainers"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            root = Path(location)
+            for path in sorted(root.rglob("*.py")):
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
     return h.hexdigest()
