@@ -84,13 +84,13 @@ def test_nothing_is_remembered_for_a_sampled_evaluation_an_unsealed_folder_or_wi
         sealed_model: Path, tmp_path: Path) -> None:
     cfg = config(sealed_model, tmp_path)
     cpu = torch.device("cpu")
-    assert heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu) is not None
+    assert heldout.before_memo_path(cfg, "auto", heldout.memo_weights(cfg, sealed_model), "hf", cpu) is not None
     sampled = config(sealed_model, tmp_path, run__eval_temperature=1.0)
-    assert heldout.before_memo_path(sampled, "auto", sealed_model, "hf", cpu) is None
+    assert heldout.before_memo_path(sampled, "auto", heldout.memo_weights(sampled, sealed_model), "hf", cpu) is None
     off = config(sealed_model, tmp_path, run__memo_before=False)
-    assert heldout.before_memo_path(off, "auto", sealed_model, "hf", cpu) is None
+    assert heldout.before_memo_path(off, "auto", heldout.memo_weights(off, sealed_model), "hf", cpu) is None
     (sealed_model / "seal.json").unlink()
-    assert heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu) is None
+    assert heldout.before_memo_path(cfg, "auto", heldout.memo_weights(cfg, sealed_model), "hf", cpu) is None
     train(config(sealed_model, tmp_path, run__name="unsealed"), progress=False)
     assert memos() == []
 
@@ -98,13 +98,13 @@ def test_nothing_is_remembered_for_a_sampled_evaluation_an_unsealed_folder_or_wi
 def test_the_key_moves_with_the_backend_and_the_code(sealed_model: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, cpu = config(sealed_model, tmp_path), torch.device("cpu")
-    hf = heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu)
-    assert heldout.before_memo_path(cfg, "auto", sealed_model, "vllm", cpu) != hf
+    hf = heldout.before_memo_path(cfg, "auto", heldout.memo_weights(cfg, sealed_model), "hf", cpu)
+    assert heldout.before_memo_path(cfg, "auto", heldout.memo_weights(cfg, sealed_model), "vllm", cpu) != hf
     import hashlib
 
     assert heldout.code_digest() != hashlib.sha256().hexdigest()  # it read the installed source
     monkeypatch.setattr(heldout, "code_digest", lambda: "edited")
-    assert heldout.before_memo_path(cfg, "auto", sealed_model, "hf", cpu) != hf
+    assert heldout.before_memo_path(cfg, "auto", heldout.memo_weights(cfg, sealed_model), "hf", cpu) != hf
 
 
 def test_a_garbled_memo_is_scored_again_with_a_warning(sealed_model: Path, tmp_path: Path) -> None:

@@ -90,21 +90,28 @@ def phase_summary(stages: Sequence[tuple[str, HeldOut | None]]) -> dict[str, Any
 MEMO_VERSION = 1
 
 
-def before_memo_path(cfg: TrainConfig, split: str, folder: Path, backend: str, device: torch.device) -> Path | None:
-    """Where the greedy held-out evaluation of the weights in ``folder`` on ``split`` is remembered
-    (``remembered``), or None where it cannot be.
+def memo_weights(cfg: TrainConfig, folder: Path) -> str | None:
+    """The weights in ``folder`` as the memo knows them: the SHA-256 of its seal (which holds the
+    SHA-256 of every file, so other weights are another key), checked once; None where nothing is
+    remembered: ``run.memo_before=false``, a sampled evaluation (its figures depend on the seed),
+    a folder without a holding seal."""
+    if not cfg.run.memo_before or cfg.run.eval_temperature != 0.0 or folder_problem(folder) is not None:
+        return None
+    return digest(folder / FOLDER_SEAL)
+
+
+def before_memo_path(cfg: TrainConfig, split: str, weights: str | None, backend: str, device: torch.device) -> Path | None:
+    """Where the greedy held-out evaluation of ``weights`` (``memo_weights``) on ``split`` is
+    remembered (``remembered``), or None where it cannot be (``weights`` None).
 
     The same model folder scored by the same protocol gives the same figures: a second training
     seed from one warm start, or a rerun over a cached one, scores it again for nothing. The key
-    is everything the figures depend on: the folder's seal (the SHA-256 of every file, so other
-    weights are another key), the protocol (``run_protocol`` on ``split``), the sampling backend,
-    LoRA, bf16 and the device type, and the source of the treegym code that plays it (an edited
-    env or sampler is another key). None for a sampled evaluation (its figures depend on the
-    seed), a folder without a holding seal, and ``run.memo_before=false``."""
-    protocol = run_protocol(cfg, split=split)
-    if not cfg.run.memo_before or protocol.temperature != 0.0 or folder_problem(folder) is not None:
+    is everything the figures depend on: the weights, the protocol (``run_protocol`` on
+    ``split``), the sampling backend, LoRA, bf16 and the device type, and the source of the
+    treegym code that plays it (an edited env or sampler is another key)."""
+    if weights is None:
         return None
-    key = {"version": MEMO_VERSION, "seal": digest(folder / FOLDER_SEAL), "protocol": asdict(protocol),
+    key = {"version": MEMO_VERSION, "seal": weights, "protocol": asdict(run_protocol(cfg, split=split)),
            "backend": backend, "lora": cfg.model_opts.lora, "bf16": cfg.model_opts.bf16, "device": device.type,
            "code": code_digest()}
     name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]

@@ -20,6 +20,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from treegym.trainers.checkpoint import (
     save_policy,
 )
 from treegym.trainers.config import TrainConfig
-from treegym.trainers.heldout import before_memo_path, evaluate_policy, remembered, run_protocol
+from treegym.trainers.heldout import before_memo_path, evaluate_policy, memo_weights, remembered, run_protocol
 from treegym.trainers.logprobs import TokenScorer, pad_rollouts
 from treegym.trainers.metrics import MetricsLog, plot_metrics, read_metrics
 from treegym.trainers.model import (
@@ -184,15 +185,16 @@ class Run:
     def evaluate_before(self, env: Any, split: str) -> HeldOut | None:
         """``evaluate(env)`` of the model as loaded, remembered across runs of the same sealed model
         folder (``heldout.before_memo_path``: another seed from one warm start scores it once)."""
-        if env is None:
-            return None
-        path = None
-        if not self.dist.on:
-            path = before_memo_path(self.cfg, split, resolve_model_folder(self.cfg.model), self.engine.backend, self.device)
+        path = None if env is None else before_memo_path(self.cfg, split, self.memo_weights, self.engine.backend, self.device)
         got, was_remembered = remembered(path, lambda: self.evaluate(env))
         if was_remembered and self.dist.main:
             print(f"held-out {env_registry.resolve_split(self.cfg.env, split)} before RL: remembered ({path})")
         return got
+
+    @cached_property
+    def memo_weights(self) -> str | None:
+        """The loaded model folder's key in the memo, its seal checked once per run (None under torchrun)."""
+        return None if self.dist.on else memo_weights(self.cfg, resolve_model_folder(self.cfg.model))
 
     def log_eval(self, step: int, got: HeldOut | None) -> None:
         """Log held-out success (and, with run.eval_sampled, at temperature 1 as eval_success_t1)."""

@@ -33,7 +33,13 @@ from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir, discard, folder_problem, seal_folder
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
-from treegym.trainers.heldout import before_memo_path, evaluate_policy, phase_summary, remembered
+from treegym.trainers.heldout import (
+    before_memo_path,
+    evaluate_policy,
+    memo_weights,
+    phase_summary,
+    remembered,
+)
 from treegym.trainers.loop import train
 from treegym.trainers.metrics import plot_phases
 from treegym.trainers.model import make_policy
@@ -129,7 +135,7 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
             return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
                                    cfg, device, progress=progress)
 
-        memo = before_memo_path(cfg, cfg.run.eval_split, resolve_model_folder(cfg.model), "hf", device)
+        memo = before_memo_path(cfg, cfg.run.eval_split, memo_weights(cfg, resolve_model_folder(cfg.model)), "hf", device)
         untrained, was_remembered = remembered(memo, score_untrained)
         if was_remembered:
             log(f"warm start: the untrained {cfg.model}'s held-out evaluation is remembered ({memo})")
