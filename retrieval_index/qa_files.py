@@ -11,13 +11,12 @@ FlashRAG JSONL has one ``{"id", "question", "golden_answers", "metadata"?}`` obj
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from treegym.errors import ConfigError, MissingPackageError, TreegymError
+from treegym.paths import write_atomically
 from treegym.retrieval_index.types import QAItem
 
 FORMATS = ("jsonl", "parquet")
@@ -160,19 +159,6 @@ def read_search_r1_parquet(path: Path, split: str = "train") -> list[QAItem]:
 # ---- writing ---------------------------------------------------------------------------------
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 def write_flashrag_jsonl(items: Iterable[QAItem], path: Path) -> Path:
     """FlashRAG JSONL; our extra fields go into ``metadata`` (FlashRAG keeps it as is)."""
 
@@ -182,7 +168,7 @@ def write_flashrag_jsonl(items: Iterable[QAItem], path: Path) -> Path:
                 record = {"id": it.id, "question": it.question, "golden_answers": list(it.answers), "metadata": _metadata(it)}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    return _atomic(path, write)
+    return write_atomically(path, write)
 
 
 def _metadata(it: QAItem) -> dict[str, Any]:
@@ -210,4 +196,4 @@ def write_search_r1_parquet(items: Sequence[QAItem], path: Path, prompt_template
         }
         for i, it in enumerate(items)
     ]
-    return _atomic(path, lambda tmp: pa.parquet.write_table(pa.Table.from_pylist(rows), tmp))
+    return write_atomically(path, lambda tmp: pa.parquet.write_table(pa.Table.from_pylist(rows), tmp))

@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, astuple
@@ -29,7 +27,7 @@ from treegym.agents.policy import Policy
 from treegym.agents.protocol import Protocol, play_protocol
 from treegym.agents.rollout.scoring import HeldOut, heldout_from_batch
 from treegym.envs import registry as env_registry
-from treegym.paths import FOLDER_SEAL, cache_dir, digest, folder_problem
+from treegym.paths import FOLDER_SEAL, cache_dir, digest, folder_problem, write_atomically
 from treegym.stats import paired_difference
 from treegym.trainers import parallel
 from treegym.trainers.config import TrainConfig
@@ -128,10 +126,7 @@ def remembered(path: Path | None, evaluate: Callable[[], HeldOut | None]) -> tup
             warnings.warn(f"ignoring the remembered evaluation {path} ({type(exc).__name__}): scoring again", stacklevel=2)
     got = evaluate()
     if path is not None and got is not None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(got.to_dict(), f)
-        os.replace(tmp, path)
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(got.to_dict()), encoding="utf-8"))
     return got, False
 
 

@@ -45,6 +45,21 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
+    """``write(tmp)`` into a fresh file beside ``path``, then rename it into place: a reader sees
+    the old file or the whole new one, never half of it; a failed write leaves nothing behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def seal(seal_path: Path, files: Sequence[Path]) -> None:
     """Write ``seal_path`` (atomically) with the size and SHA-256 of ``files``, which must lie in
     its folder or below it."""
