@@ -65,6 +65,8 @@ class Family:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "training_kwargs", MappingProxyType(dict(self.training_kwargs)))
+        if self.sft_micro_batch_size is None:  # SFT takes the rollouts' micro-batch unless the family says
+            object.__setattr__(self, "sft_micro_batch_size", self.micro_batch_size)
 
 
 FAMILIES: dict[str, Family] = {}

@@ -327,8 +327,6 @@ def family_defaults(env_id: str) -> dict[str, Any]:
     under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
     fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
     values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
-    if values["sft.micro_batch_size"] is None:  # SFT takes the rollouts' micro-batch unless the family says
-        values["sft.micro_batch_size"] = getattr(fam, "micro_batch_size", None)
     return {k: v for k, v in values.items() if v is not None}
 
 
