@@ -69,20 +69,24 @@ def main() -> None:
     prompts = [{"task_id": t} for t in ids[args.offset : args.offset + args.n]]
     protocol = run_protocol(cfg, temperature=0.0)  # the run's, on the tasks after its report's
 
-    def score_folder(folder: Path):
-        model, tok = load_model(str(folder), device="cpu", dtype=torch.float32)
+    def score_model(model, tok):
         with torch.no_grad():
             batch = play_protocol(make_policy(model, tok, seed=args.seed), eval_env, prompts, protocol)
-        return heldout_from_batch(batch), batch, tok
+        return heldout_from_batch(batch), batch
 
     rows = []
-    if args.baseline:
-        score = score_folder(Path(args.baseline))[0]
+
+    def add_row(setting: str, score, note: str, **extra) -> None:
+        """One setting's tuning figures: a row of the JSON, and a line printed beside the others."""
         iv = score.intervals()["success"]
-        rows.append({"setting": "baseline", "model": args.baseline, "success": iv.mean, "ci": [iv.low, iv.high],
-                     "well_formed": score.mean("well_formed"), "per_task": score.values("success")})
-        print(f"{'baseline':>16}  success {iv.mean:6.1%} [{iv.low:.1%}, {iv.high:.1%}]  well-formed "
-              f"{score.mean('well_formed'):5.1%}  ({args.baseline})", flush=True)
+        rows.append({"setting": setting, "success": iv.mean, "ci": [iv.low, iv.high], "well_formed": score.mean("well_formed"),
+                     "per_task": score.values("success"), **extra})
+        print(f"{setting:>16}  success {iv.mean:6.1%} [{iv.low:.1%}, {iv.high:.1%}]  well-formed "
+              f"{score.mean('well_formed'):5.1%}  {note}", flush=True)
+
+    if args.baseline:
+        add_row("baseline", score_model(*load_model(args.baseline, device="cpu", dtype=torch.float32))[0],
+                f"({args.baseline})", model=args.baseline)
     for spec in args.grid:
         episodes, epochs, lr, batch_size = spec.split(":")
         with tempfile.TemporaryDirectory() as tmp:
@@ -99,29 +103,18 @@ def main() -> None:
                     return  # the last pass is scored below, as every setting is
                 t = time.perf_counter()
                 sft_s = t - t0 - scoring[0]  # SFT so far (the episodes, the passes), without earlier scoring
-                with torch.no_grad():
-                    got = heldout_from_batch(play_protocol(make_policy(model, tok, seed=args.seed), eval_env, prompts, protocol))
+                got = score_model(model, tok)[0]
                 scoring[0] += time.perf_counter() - t
-                iv = got.intervals()["success"]
-                rows.append({"setting": f"{spec}@{k}", "success": iv.mean, "ci": [iv.low, iv.high],
-                             "well_formed": got.mean("well_formed"), "per_task": got.values("success"), "sft_s": sft_s})
-                print(f"{spec + '@' + str(k):>16}  success {iv.mean:6.1%} [{iv.low:.1%}, {iv.high:.1%}]  well-formed "
-                      f"{got.mean('well_formed'):5.1%}  after pass {k} of {epochs}", flush=True)
+                add_row(f"{spec}@{k}", got, f"after pass {k} of {epochs}", sft_s=sft_s)
 
             result = run_sft(sft, progress=False, log=lambda *_: None, after_pass=after_pass if args.each_pass else None)
             seconds = time.perf_counter() - t0 - scoring[0]
-            score, batch, tok = score_folder(result.folder)
+            model, tok = load_model(str(result.folder), device="cpu", dtype=torch.float32)
+            score, batch = score_model(model, tok)
             if args.keep:
                 _write_traces(tok, batch, out / "tuning_traces.txt")
-        iv = score.intervals()["success"]
-        lo, hi, well_formed = iv.low, iv.high, score.mean("well_formed")
-        row = {"setting": spec, "success": iv.mean, "ci": [lo, hi], "well_formed": well_formed,
-               "examples": result.examples, "label_tokens": result.label_tokens, "sft_s": seconds,
-               "loss_last": result.loss_last, "per_task": score.values("success")}
-        rows.append(row)
-        print(f"{spec:>16}  success {iv.mean:6.1%} [{lo:.1%}, {hi:.1%}]  well-formed {well_formed:5.1%}  "
-              f"kept {result.examples:3d}  sft {seconds:4.0f} s  loss {result.loss_first:.3f} -> {result.loss_last:.3f}",
-              flush=True)
+        add_row(spec, score, f"kept {result.examples:3d}  sft {seconds:4.0f} s  loss {result.loss_first:.3f} -> {result.loss_last:.3f}",
+                examples=result.examples, label_tokens=result.label_tokens, sft_s=seconds, loss_last=result.loss_last)
     if args.baseline:
         for row in rows[1:]:
             d = paired_difference(row["per_task"], rows[0]["per_task"])
