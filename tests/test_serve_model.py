@@ -362,10 +362,15 @@ def test_smollm2s_template_renders_the_tool_role_and_gets_calls_as_tool_call_tex
     assert "<|im_start|>tool\nYou see a room.<|im_end|>" in text
 
 
+def with_template(tokenizer, template):
+    """A copy of ``tokenizer`` rendering with ``template``, and what that template supports."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = template
+    return tokenizer, template_support(tokenizer)
+
+
 def test_a_template_without_a_tool_role_gets_results_as_one_labelled_user_turn(smollm2_tokenizer):
-    tokenizer = copy.deepcopy(smollm2_tokenizer)
-    tokenizer.chat_template = ALTERNATING_TEMPLATE
-    support = template_support(tokenizer)
+    tokenizer, support = with_template(smollm2_tokenizer, ALTERNATING_TEMPLATE)
     assert support == TemplateSupport(tool_calls=False, tool_role=False)
     msgs = played(["look"])
     msgs[1]["tool_calls"].append(step_call(1, "go north"))
@@ -376,9 +381,7 @@ def test_a_template_without_a_tool_role_gets_results_as_one_labelled_user_turn(s
 
 
 def test_a_template_that_renders_tool_calls_gets_them_with_object_arguments(smollm2_tokenizer):
-    tokenizer = copy.deepcopy(smollm2_tokenizer)
-    tokenizer.chat_template = TOOL_CALLS_TEMPLATE
-    support = template_support(tokenizer)
+    tokenizer, support = with_template(smollm2_tokenizer, TOOL_CALLS_TEMPLATE)
     assert support == TemplateSupport(tool_calls=True, tool_role=True)
     text = tokenizer.apply_chat_template(template_messages(parse_messages({"messages": played(["look"])}), support),
                                          tokenize=False)
@@ -388,8 +391,7 @@ def test_a_template_that_renders_tool_calls_gets_them_with_object_arguments(smol
 def test_a_chat_the_template_refuses_is_a_400_not_a_server_error(smollm2_tokenizer, tiny_chat_model):
     from transformers import AutoModelForCausalLM
 
-    tokenizer = copy.deepcopy(smollm2_tokenizer)
-    tokenizer.chat_template = ALTERNATING_TEMPLATE
+    tokenizer, _ = with_template(smollm2_tokenizer, ALTERNATING_TEMPLATE)
     srv = ModelServer(ModelService(HFPolicy(AutoModelForCausalLM.from_pretrained(tiny_chat_model), tokenizer), "t"),
                       "127.0.0.1", 0).start()
     try:
