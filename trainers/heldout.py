@@ -131,9 +131,12 @@ def remembered(path: Path | None, evaluate: Callable[[], HeldOut | None]) -> tup
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
 def code_digest() -> str:
     """SHA-256 over the source of every treegym package (``treegym``, its envs, agents, trainers),
-    found where they are installed (read, not imported: the face sits above this layer)."""
+    found where they are installed (read, not imported: the face sits above this layer). Read once
+    per process: the key names the code this process runs, so a file edited while a long benchmark
+    runs neither misses its memo nor files a figure under code that did not make it."""
     h = hashlib.sha256()
     for name in ("treegym", "treegym.envs", "treegym.agents", "treegym.trainers"):
         spec = importlib.util.find_spec(name)
