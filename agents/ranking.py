@@ -43,13 +43,16 @@ class ActionRanker:
         p_ids = tok.encode(prefix, add_special_tokens=False)
         c_ids = [tok.encode(c, add_special_tokens=False) for c in commands]
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([p_ids]), use_cache=True)
+            # the head only where it is read: the last position predicts each command's first token
+            out = self.model(input_ids=torch.tensor([p_ids]), use_cache=True, logits_to_keep=1)
             first = torch.log_softmax(out.logits[0, -1].float(), -1)  # each command's first token
             width = max(len(c) for c in c_ids)
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             ids = torch.tensor([c + [pad] * (width - len(c)) for c in c_ids])
             attn = torch.tensor([[1] * len(p_ids) + [1] * len(c) + [0] * (width - len(c)) for c in c_ids])
-            cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
+            # transformers 5.x returns the cache as `cache` (reading `past_key_values` warns)
+            cache = getattr(out, "cache", None)
+            cache = out.past_key_values if cache is None else cache
             cache.batch_repeat_interleave(len(commands))
             logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False, **{self._cache_arg: cache}).logits
             logp = torch.log_softmax(logits.float(), -1)
