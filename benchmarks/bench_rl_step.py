@@ -106,6 +106,17 @@ def matmul_gflops(dtype: torch.dtype, rows: int, hidden: int, reps: int = 20) ->
     return 2 * rows * hidden * 4 * hidden * reps / (time.perf_counter() - t0) / 1e9
 
 
+def update_gflop(model: Any, forwarded: float, scored: float) -> float:
+    """Model compute of one update, in GFLOP: forward and backward (3 x 2 FLOPs per weight) of the
+    decoder's weights for every forwarded token, and of the LM head for every scored token (the
+    update applies the head only there). Attention's own products are left out (a few % here)."""
+    head = model.get_output_embeddings().weight.numel()
+    body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+        body -= head  # an untied head is counted with the scored tokens only
+    return 6 * (body * forwarded + head * scored) / 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="", help="model folder or 'smollm2' (default: the cached warm start of "
@@ -182,6 +193,19 @@ def main() -> None:
           f"{cpu_speedup * new['ratio']:.2f} CPU)")
     print(f"step (sampling + update): {sample_s + base['seconds']:.1f} s per-row -> {sample_s + new['seconds']:.1f} s "
           f"packed ({(sample_s + base['seconds']) / (sample_s + new['seconds']):.2f}x)")
+    # How far the update is from the cores' limit, and what that leaves for a 3x faster step.
+    scored = float(sum(sum(r.loss_mask) for r in batch.rollouts))  # per row: an upper bound when packed
+    threads = torch.get_num_threads()
+    for name in ("per-row", "packed"):
+        work = update_gflop(run.model, med[name]["forwarded"], scored)
+        print(f"  {name} update: {work:.0f} GFLOP of model compute in {med[name]['cpu_seconds']:.1f} CPU s = "
+              f"{work / med[name]['cpu_seconds']:.0f} GFLOP/s per thread, "
+              f"{work / med[name]['cpu_seconds'] / (flops['float32'] / threads):.0%} of the fp32 matmul roofline "
+              f"per thread (at the roofline: {work / flops['float32']:.1f} s on {threads} thread(s))")
+    floor = update_gflop(run.model, med["packed"]["forwarded"], scored) / flops["float32"]
+    target = (sample_s + base["seconds"]) / 3
+    print(f"  a 3x faster step is {target:.1f} s; the packed update alone at the fp32 roofline takes {floor:.1f} s, "
+          f"which leaves {max(target - floor, 0):.1f} s for sampling (measured {sample_s:.1f} s)")
     print(f"\nsampler on the batch's {len(contexts)} first-turn contexts, {args.new_tokens} new tokens each:")
     print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s); prefill "
           f"{context_tokens / hf_p:.0f} tokens/s")
@@ -194,6 +218,8 @@ def main() -> None:
             "budget": dataclasses.asdict(bud), "update": rows, "update_median": med, "update_speedup": speedup, "update_cpu_speedup": cpu_speedup,
             "hf_policy_tokens_per_s": hf_n / hf_s, "hf_generate_tokens_per_s": raw_n / raw_s, "matmul_gflops": flops,
             "hf_policy_prefill_per_s": context_tokens / hf_p, "hf_generate_prefill_per_s": context_tokens / raw_p,
+            "scored_tokens": scored, "threads": threads,
+            "update_gflop": {k: update_gflop(run.model, v["forwarded"], scored) for k, v in med.items()},
         }, indent=2))
 
 

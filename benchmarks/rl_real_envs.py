@@ -2,7 +2,7 @@
 
 For each method (an algorithm with its overrides) and each training seed, the RL phase runs from
 the env's cached warm start (``treegym train --model WARM --warm_start off --seed S``) until it
-has generated ``--budget`` tokens (``run.token_budget``; ``--steps`` only caps it), scoring
+has generated ``--budget`` tokens (``token_budget``; ``--steps`` only caps it), scoring
 held-out EM on ``--eval-n`` prompts before, every ``--eval-every`` steps, and after. Per method it
 reports the mean RL-phase gain over seeds with its 95% t-interval, the paired difference against
 the first method over seeds (the same seed: the same warm start, eval prompts and first prompts),
@@ -29,6 +29,7 @@ from typing import Any
 
 import treegym  # noqa: F401  (registers the envs)
 from treegym.cli import main as treegym_main
+from treegym.errors import TreegymError
 from treegym.stats import t_interval
 from treegym.trainers.config import load_config, parse_overrides
 from treegym.trainers.recipe import rl_phase_gain, warm_start
@@ -42,6 +43,12 @@ METHODS: dict[str, list[str]] = {
 }
 
 
+def config_args(method: str, args: argparse.Namespace, rest: list[str]) -> list[str]:
+    """The config fields of one run, as ``treegym train`` takes them (``--field=value``)."""
+    return ["--warm_start=off", f"--steps={args.steps}", f"--token_budget={args.budget}",
+            f"--run.eval_n={args.eval_n}", f"--run.eval_every={args.eval_every}", *METHODS[method], *rest]
+
+
 def run_once(env: str, model: str, method: str, seed: int, args: argparse.Namespace, rest: list[str],
              out: Path) -> dict[str, Any]:
     name = f"{method}-seed-{seed}"
@@ -49,9 +56,7 @@ def run_once(env: str, model: str, method: str, seed: int, args: argparse.Namesp
     if not (folder / "phases.json").exists():
         t0 = time.perf_counter()
         code = treegym_main(["train", "--env", env, "--model", model, "--seed", str(seed), "--out", str(out),
-                             "--name", name, "--no-progress", "--warm_start=off", f"--steps={args.steps}",
-                             f"--run.token_budget={args.budget}", f"--run.eval_n={args.eval_n}",
-                             f"--run.eval_every={args.eval_every}", *METHODS[method], *rest])
+                             "--name", name, "--no-progress", *config_args(method, args, rest)])
         if code:
             raise SystemExit(f"{name} failed (exit {code}); its log is in {folder}")
         (folder / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
@@ -128,6 +133,12 @@ def main() -> None:
     args, rest = ap.parse_known_args()
     if args.quick:
         args.methods, args.seeds, args.budget, args.eval_n, args.eval_every = ["grpo", "tree-grpo"], [0], 1500, 16, 0
+    # every run's fields are checked before the warm start, so a typo costs seconds, not a warm start
+    try:
+        for method in args.methods:
+            load_config(None, [("env", args.env), *parse_overrides(config_args(method, args, rest))])
+    except TreegymError as exc:
+        raise SystemExit(f"rl_real_envs: {exc}") from None
     cfg = load_config(None, [("env", args.env), *parse_overrides(rest)])
     ws = warm_start(cfg)  # the env's default warm start (seed 0), cached
     out = Path(args.out)
