@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from treegym.errors import TreegymError
 from treegym.trainers import logprobs, loop, packing
 from treegym.trainers.config import load_config
 from treegym.trainers.parallel import Dist
@@ -224,4 +225,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TreegymError as exc:  # a model that will not load, a context too long: say so, no traceback
+        raise SystemExit(f"bench_rl_step: {exc}") from None
