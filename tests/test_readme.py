@@ -12,7 +12,8 @@ import pytest
 
 from treegym.cli import build_parser
 from treegym.trainers.cli_train import FLAGS as TRAIN_FLAGS
-from treegym.trainers.config import given_overrides, load_config, parse_overrides
+from treegym.trainers.config import load_config, parse_overrides
+from treegym.trainers.config_options import given_overrides
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MAX_LINES = 250

@@ -222,7 +222,8 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path: Path, capsys: pytes
 def test_cli_options_are_the_config_fields_with_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     from treegym.cli import build_parser
     from treegym.trainers.cli_sft import FLAGS
-    from treegym.trainers.config import get_path, given_overrides, leaf_paths
+    from treegym.trainers.config import get_path, leaf_paths
+    from treegym.trainers.config_options import given_overrides
 
     args, _ = build_parser().parse_known_args(["sft"])
     assert given_overrides(args, FLAGS) == []  # nothing given: every value is the config's
@@ -243,7 +244,7 @@ def test_sft_plays_the_env_familys_turn_budget(monkeypatch: pytest.MonkeyPatch, 
     import treegym.trainers.sft as sft
     from treegym.cli import build_parser
     from treegym.trainers.cli_sft import FLAGS
-    from treegym.trainers.config import given_overrides
+    from treegym.trainers.config_options import given_overrides
 
     seen: dict[str, object] = {}
 

@@ -11,13 +11,8 @@ import yaml
 from treegym.errors import ConfigError
 from treegym.trainers import advantages, losses
 from treegym.trainers.algorithms import ALGORITHMS, chains, get_algorithm, trees
-from treegym.trainers.config import (
-    TrainConfig,
-    help_text,
-    leaf_paths,
-    load_config,
-    parse_overrides,
-)
+from treegym.trainers.config import TrainConfig, leaf_paths, load_config, parse_overrides
+from treegym.trainers.config_options import help_text
 
 
 def test_every_field_has_a_help_string() -> None:

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from treegym.trainers.config import SFTConfig, add_config_command, config_from_args, env_defaults_text
+from treegym.trainers.config import SFTConfig
+from treegym.trainers.config_options import add_config_command, config_from_args, env_defaults_text
 
 DESCRIPTION = """\
 Supervised warm start before RL. An untrained small model rarely writes a well-formed action,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from treegym.trainers.config import add_config_command, config_from_args, env_defaults_text, help_text
+from treegym.trainers.config_options import add_config_command, config_from_args, env_defaults_text, help_text
 
 EXAMPLES = """\
 examples:
