@@ -1,0 +1,42 @@
+"""The RL benchmarks hand their settings to ``treegym train`` as config fields; a field that does
+not exist would fail each run after a warm start of many minutes. These check every method's
+fields against the real config, in milliseconds."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from treegym.errors import ConfigError
+from treegym.trainers.config import load_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("env", ["TreeSearchQA-v0", "WebSearchQA-v0"])
+def test_every_rl_real_envs_method_is_a_valid_config_with_the_budget_it_names(env: str) -> None:
+    bench = _module("rl_real_envs")
+    args = argparse.Namespace(steps=7, budget=1234, eval_n=16, eval_every=2)
+    for method in bench.METHODS:
+        cfg = load_config(None, [("env", env), *parse_overrides(bench.config_args(method, args, ["--sampler.temperature=0.7"]))])
+        assert (cfg.steps, cfg.token_budget, cfg.run.eval_n, cfg.run.eval_every) == (7, 1234, 16, 2), method
+        assert cfg.warm_start == "off" and cfg.sampler.temperature == 0.7
+    assert load_config(None, parse_overrides(bench.config_args("grpo", args, []))).algo == "grpo"
+    assert load_config(None, parse_overrides(bench.config_args("fork+moves", args, []))).sampler.distinct_actions
+
+
+def test_a_misspelt_field_is_refused_before_any_run() -> None:
+    bench = _module("rl_real_envs")
+    args = argparse.Namespace(steps=1, budget=1, eval_n=1, eval_every=0)
+    with pytest.raises(ConfigError, match="run.token_budget"):
+        load_config(None, parse_overrides(bench.config_args("grpo", args, ["--run.token_budget=5"])))
