@@ -3,9 +3,10 @@
 For each ``--temperatures`` value, the run's own sampler and algorithm (``trainers.loop.setup`` /
 ``sample``) roll out ``--prompts`` training prompts from a model (default: the env's cached warm
 start, built if missing) and this prints, over the rollouts: the mean reward, success (EM on QA),
-the share of well-formed actions, and the share of prompts whose rollouts do not all get the same
-reward. A prompt whose rollouts tie has zero advantage under GRPO and Tree-GRPO: it teaches
-nothing. It reads the training split only, so a temperature chosen here is not chosen on the
+the share of well-formed actions, the share of prompts whose rollouts do not all get the same
+reward, and the share whose rollouts hold both a success and a failure. A prompt whose rollouts
+tie has zero advantage under GRPO and Tree-GRPO: it teaches nothing; one whose rewards differ by
+format alone teaches format, not the answer. It reads the training split only, so a temperature chosen here is not chosen on the
 held-out prompts a run reports.
 
     python benchmarks/rollout_signal.py --temperatures 1.0 0.7 0.5 --prompts 8 --seed 9
@@ -41,14 +42,16 @@ from treegym.trainers.recipe import warm_start
 def signal(batch) -> dict[str, float]:
     """Reward, success, well-formed share and the share of prompts with differing rewards."""
     trees = {(t.prompt_index, t.tree_index): t for t in batch.trees}
-    rewards = defaultdict(list)
+    rewards, wins = defaultdict(list), defaultdict(list)
     for r in batch.rollouts:
         rewards[r.prompt_index].append(r.reward)
+        wins[r.prompt_index].append(success(r.info))
     formed = [chain_score(trees[(r.prompt_index, r.tree_index)], r.leaf).well_formed for r in batch.rollouts]
     return {"rollouts": len(batch.rollouts), "reward": statistics.mean(r.reward for r in batch.rollouts),
             "success": statistics.mean(success(r.info) for r in batch.rollouts),
             "well_formed": statistics.mean(formed),
             "prompts_with_signal": statistics.mean(len(set(v)) > 1 for v in rewards.values()),
+            "prompts_with_a_win_and_a_loss": statistics.mean(len(set(v)) > 1 for v in wins.values()),
             "generated_tokens": batch.budget.generated_tokens}
 
 
@@ -73,7 +76,7 @@ def main() -> None:
     print(f"{args.env}, {cfg.algo}, model {model}: {args.prompts} training prompts per temperature, seed {args.seed}, "
           f"torch threads {torch.get_num_threads()}, load average {load[0]:.2f}", flush=True)
     print(f"{'temperature':>12}{'rollouts':>10}{'reward':>9}{'success':>9}{'well-formed':>13}{'prompts w/ signal':>19}"
-          f"{'tokens':>8}{'seconds':>9}")
+          f"{'w/ win+loss':>13}{'tokens':>8}{'seconds':>9}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         run = loop.setup(cfg, Path(tmp), Dist(), torch.device("cpu"))
@@ -84,7 +87,8 @@ def main() -> None:
             row = {"temperature": t, **signal(loop.sample(run)), "seconds": time.perf_counter() - t0}
             rows.append(row)
             print(f"{t:>12.2f}{row['rollouts']:>10}{row['reward']:>9.3f}{row['success']:>9.1%}{row['well_formed']:>13.1%}"
-                  f"{row['prompts_with_signal']:>19.1%}{row['generated_tokens']:>8}{row['seconds']:>9.0f}", flush=True)
+                  f"{row['prompts_with_signal']:>19.1%}{row['prompts_with_a_win_and_a_loss']:>13.1%}"
+                  f"{row['generated_tokens']:>8}{row['seconds']:>9.0f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"env": args.env, "algo": cfg.algo, "model": model, "seed": args.seed,
                                                "load_average": load, "rows": rows}, indent=2) + "\n")
