@@ -131,7 +131,6 @@ def remembered(path: Path | None, evaluate: Callable[[], HeldOut | None]) -> tup
 
 
 @lru_cache(maxsize=1)
-@lru_cache(maxsize=1)
 def code_digest() -> str:
     """SHA-256 over the source of every treegym package (``treegym``, its envs, agents, trainers),
     found where they are installed (read, not imported: the face sits above this layer). Read once
