@@ -11,6 +11,7 @@ checked against a replay of its actions on a fresh env: a step in one branch nev
 import asyncio
 import copy
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -145,12 +146,21 @@ def test_ldps_simple_agent_over_a_loopback_model_drives_the_tree_through_step_ca
     from treegym.integrations.aviary import step_call
 
     class Alternating(ScriptedModel):
-        """Answers "A", "B", "A", ... by request, so that siblings differ."""
+        """Answers "A" the first time it sees a conversation and "B" the second, so that siblings
+        differ however the search interleaves its requests (the server answers them on threads)."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self.seen: dict[str, int] = {}
+            self.lock = threading.Lock()
 
         def reply(self, messages: list[dict]) -> str:
-            return "AB"[len(self.requests) % 2 - 1]
+            key = json.dumps(messages, sort_keys=True)
+            with self.lock:
+                count = self.seen[key] = self.seen.get(key, 0) + 1
+            return "AB"[(count - 1) % 2]
 
-    model = Alternating([])
+    model = Alternating()
     try:
         spec = ModelSpec(name="openai/stub", api_base=model.url, api_key="loopback", max_retries=0)
         agent = SimpleAgent(llm_config=LLMConfig(models=[spec], tool_parser=step_call))
