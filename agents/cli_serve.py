@@ -39,13 +39,11 @@ def check_device(device: str | None) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from treegym.agents.hf_policy import HFPolicy
     from treegym.agents.serve_model import ModelServer, ModelService
-    from treegym.retrieval_index.server import check_port, exposure_warning
+    from treegym.hosts import check_port, warn_if_exposed
 
     check_port(args.port)
     check_device(args.device)
-    warning = exposure_warning(args.host, "the model API")
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    warn_if_exposed(args.host, "the model API")
     policy = HFPolicy.from_pretrained(args.model, device=args.device)
     try:
         server = ModelServer(ModelService(policy, args.name or args.model), args.host, args.port)

@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from treegym.errors import ConfigError
+from treegym.hosts import check_port, warn_if_exposed
 from treegym.retrieval_index.types import Hit, Retriever
 
 DEFAULT_HOST = "127.0.0.1"
@@ -468,24 +469,6 @@ def _info(retriever: Retriever) -> dict[str, Any]:
     return info
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def check_port(port: int, flag: str = "--port") -> int:
-    """A TCP port to bind (0 picks a free one); a ConfigError names the flag otherwise."""
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{flag} must be from 0 to 65535, got {port}")
-    return port
-
-
-def exposure_warning(host: str, what: str = "the API") -> str | None:
-    """The warning to print when ``host`` is not loopback (these servers have no auth)."""
-    if host in LOOPBACK or host.startswith("127."):
-        return None
-    where = "every interface" if host in ("", "0.0.0.0", "::") else f"{host}"
-    return f"warning: binding {host or '(all)'} exposes {what}, which has no authentication, on {where}"
-
-
 def _bind(host: str, port: int, retriever: Retriever, limits: ServerLimits, verbose: bool) -> RetrievalServer:
     check_port(port)
     try:
@@ -518,9 +501,7 @@ def serve_forever(
     verbose: bool = True,
 ) -> None:
     """Serve in the foreground until interrupted."""
-    warning = exposure_warning(host, "the retrieval API")
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    warn_if_exposed(host, "the retrieval API")
     with _bind(host, port, retriever, limits, verbose) as server:
         print(f"serving {server.info} on http://{host}:{server.server_address[1]} (POST /retrieve, GET /health)", flush=True)
         server.serve_forever()

@@ -209,8 +209,8 @@ def _taken_port():
 
 @pytest.mark.parametrize("argv,message", [
     (["serve-env", "NoSuchEnv-v0", "--port", "0"], "is not registered"),
-    (["serve-env", ENV, "--port", "70000"], "--port must be in 0..65535"),
-    (["serve-env", ENV, "--port", "-1"], "--port must be in 0..65535"),
+    (["serve-env", ENV, "--port", "70000"], "--port must be from 0 to 65535"),
+    (["serve-env", ENV, "--port", "-1"], "--port must be from 0 to 65535"),
     (["serve-env", ENV, "--port", "TAKEN"], "cannot bind 127.0.0.1:"),
     (["serve-env", ENV, "--port", "0", "--env-kwargs", "{oops"], "--env-kwargs is not valid JSON"),
     (["serve-env", ENV, "--port", "0", "--max-episodes", "0"], "--max-episodes"),

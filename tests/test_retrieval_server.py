@@ -291,17 +291,9 @@ def test_live_connections_are_capped_with_a_503(local):
             pytest.fail("the connection slots never came back")
 
 
-def test_binding_all_interfaces_warns():
-    from treegym.retrieval_index.server import exposure_warning
-
-    for host in ("0.0.0.0", "::", ""):
-        assert "every interface" in (exposure_warning(host) or "")
-    assert "192.168.1.5" in (exposure_warning("192.168.1.5") or "")
-    assert all(exposure_warning(h) is None for h in ("127.0.0.1", "localhost", "::1", "127.0.0.2"))
-
-
 @pytest.mark.parametrize("argv", [["index", "serve", "--port", "99999"], ["index", "serve", "--port", "-1"],
-                                  ["web", "serve", "--port", "99999"]])  # fmt: skip
+                                  ["web", "serve", "--port", "99999"], ["serve-model", "--port", "70000"],
+                                  ["serve-env", "ProbeKeys-v0", "--port", "-5"]])  # fmt: skip
 def test_a_port_out_of_range_is_a_one_line_error(argv, capsys):
     from treegym.cli import main
 

@@ -51,12 +51,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from treegym.envs.web.local_web import LocalWeb, load_docs
-    from treegym.retrieval_index.server import check_port, exposure_warning
+    from treegym.hosts import check_port, warn_if_exposed
 
     check_port(args.port)
-    warning = exposure_warning(args.host, "the local web")
-    if warning:
-        print(warning, file=sys.stderr)
+    warn_if_exposed(args.host, "the local web")
     docs = load_docs(args.corpus, args.limit)
     try:
         web = LocalWeb(docs, host=args.host, port=args.port, latency_s=args.latency_ms / 1000)

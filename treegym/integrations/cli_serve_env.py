@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from treegym.errors import ConfigError
 from treegym.options import json_object_option
 
 
@@ -44,14 +43,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
-    kwargs = json_object_option(args.env_kwargs)
-    from treegym.integrations.openenv import exposure_warning, serve
+    from treegym.hosts import check_port, warn_if_exposed
 
-    warning = exposure_warning(args.host)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    check_port(args.port)
+    kwargs = json_object_option(args.env_kwargs)
+    from treegym.integrations.openenv import serve
+
+    warn_if_exposed(args.host, "the env server")
     server = serve(args.env_id, kwargs, split=args.split, host=args.host, port=args.port, max_episodes=args.max_episodes,
                    max_forks=args.max_forks, max_snapshots=args.max_snapshots,
                    max_session_snapshots=args.max_session_snapshots, idle_timeout_s=args.idle_timeout,

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from treegym.envs import make
 from treegym.errors import ConfigError, MissingPackageError, TreegymError
+from treegym.hosts import is_loopback
 from treegym.integrations.episodes import (
     EpisodeNotFoundError,
     EpisodeStore,
@@ -62,7 +63,6 @@ except ImportError:
     raise MissingPackageError("openenv", "treegym's OpenEnv server",
                               "pip install 'treegym[openenv]'") from None
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SESSION_HEADER = "X-Treegym-Session"  # the caller's session token, on every route that names an episode
 MAX_BODY_BYTES = 4 << 20  # an action of max_action_chars (1 Mi characters) fits, in any UTF-8
 
@@ -348,13 +348,6 @@ class EnvServer:
         self.socket.close()
 
 
-def exposure_warning(host: str) -> str | None:
-    if host in LOOPBACK:
-        return None
-    return (f"warning: binding {host} exposes the env server, which has no authentication, beyond this "
-            "machine; use --host 127.0.0.1 unless that is what you want")
-
-
 # ---- the client: OpenEnv's EnvClient, typed, plus the extensions -------------------------------
 
 
@@ -415,7 +408,7 @@ class TreegymEnvClient(EnvClient[TreegymAction, TreegymObservation, TreegymState
         return episode_id
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        loopback = urlsplit(self.http_url).hostname in LOOPBACK  # no proxy between us and a local server
+        loopback = is_loopback(urlsplit(self.http_url).hostname or "")  # no proxy between us and a local server
         headers = {SESSION_HEADER: await self.session_token()}
         async with httpx.AsyncClient(base_url=self.http_url, trust_env=not loopback, timeout=60.0) as http:
             response = await http.post(path, json=body, headers=headers)
