@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from treegym.agents.rollout.diagnostics import distinct_first_moves, effective_trajectories
-from treegym.agents.rollout.distinct import distinct_action_share
-from treegym.agents.rollout.samplers import distinct_share
+from treegym.agents.rollout.distinct import distinct_action_share, distinct_share
 from treegym.agents.rollout.types import RolloutBatch
 from treegym.envs.core import failed_to_run, success
 from treegym.errors import TreegymError

@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Union
 
 import gymnasium as gym
 
-from treegym.agents.policy import Generation, Policy, SamplingParams
+from treegym.agents.policy import Policy, SamplingParams
 from treegym.agents.rollout.branching import BranchRule, Forest, candidates, get_rule
 from treegym.agents.rollout.context import Mode, TokenContext, make_context
-from treegym.agents.rollout.distinct import distinct_action_turns
+from treegym.agents.rollout.distinct import distinct_action_turns, distinct_first_turns
 from treegym.agents.rollout.types import Budget, Node, Prompt, Rollout, RolloutBatch, Tree, Turn, reset_args
-from treegym.agents.sampling import find_stop
 from treegym.envs.core import ForkableEnv, Snapshot, base_env
 from treegym.envs.pool import EnvPool
 from treegym.errors import ConfigError
@@ -130,7 +129,8 @@ class _Sampler:
                 gens, keys, redrawn = distinct_action_turns(self.policy, self.params, active, retries)
                 self.resampled += redrawn
             elif first:
-                gens = self.distinct_first_turns(active, distinct, retries, exclude)
+                gens, redrawn = distinct_first_turns(self.policy, self.params, active, distinct, retries, exclude)
+                self.resampled += redrawn
             else:
                 gens = self.policy.generate([b.context for b in active], self.params)
             first = False
@@ -183,68 +183,6 @@ class _Sampler:
             if self.progress is not None:
                 self.progress.update(len(active))
             active = still
-
-    def distinct_first_turns(self, active: list[_Branch], d: int, retries: int, exclude: bool = False) -> list[Generation]:
-        """First turns whose first ``d`` tokens differ from every sibling's at the same node."""
-        contexts = [b.context for b in active]
-        head_params = replace(self.params, max_new_tokens=min(d, self.params.max_new_tokens))
-        heads = self.policy.generate(contexts, head_params)
-        for attempt in range(retries + 1):
-            taken: dict[tuple[int, int], set[tuple[int, ...]]] = {}
-            dup = []
-            for i, b in enumerate(active):
-                key = (id(b.tree), b.parent)
-                if key not in taken:
-                    taken[key] = {tuple(b.tree.nodes[c].turn.action_ids[:d]) for c in b.tree.nodes[b.parent].children
-                                  if b.tree.nodes[c].turn is not None}
-                head = tuple(heads[i].token_ids[:d])
-                if head in taken[key]:
-                    dup.append(i)
-                else:
-                    taken[key].add(head)
-            if not dup or attempt == retries:
-                break
-            self.resampled += len(dup)
-            for i, g in zip(dup, self.policy.generate([contexts[i] for i in dup], head_params)):
-                heads[i] = g
-        if exclude and dup:
-            self._exclude_heads(active, heads, dup, taken)
-        out = list(heads)
-        go_on = [i for i, h in enumerate(heads) if h.finish_reason == "length" and len(h.token_ids) < self.params.max_new_tokens]
-        # Heads are d tokens long, or 1 where exclusion redrew them: one tail call per length left.
-        for rest in sorted({self.params.max_new_tokens - len(heads[i].token_ids) for i in go_on}):
-            rows = [i for i in go_on if self.params.max_new_tokens - len(heads[i].token_ids) == rest]
-            tails = self.policy.generate([contexts[i] + list(heads[i].token_ids) for i in rows],
-                                         replace(self.params, max_new_tokens=rest))
-            for i, tail in zip(rows, tails):
-                ids = list(heads[i].token_ids) + list(tail.token_ids)
-                text = self.policy.tokenizer.decode(ids, skip_special_tokens=True)
-                end = find_stop(text, self.params.stop) if tail.finish_reason == "stop" else -1
-                out[i] = Generation(tuple(ids), tuple(heads[i].logprobs) + tuple(tail.logprobs),
-                                    text[:end] if end >= 0 else text, tail.finish_reason)
-        return out
-
-    def _exclude_heads(self, active: list[_Branch], heads: list[Generation], dup: list[int],
-                       taken: dict[tuple[int, int], set[tuple[int, ...]]]) -> None:
-        """Redraw each repeated head's first token without the first tokens its node's siblings
-        began with, one branch per node at a time (so two redrawn siblings differ too); the
-        redrawn head is that one token, continued with the rest of the turn."""
-        one = replace(self.params, max_new_tokens=1)
-        left = list(dup)
-        while left:
-            batch: dict[tuple[int, int], int] = {}
-            for i in left:
-                batch.setdefault((id(active[i].tree), active[i].parent), i)
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for key, i in batch.items():
-                groups.setdefault(tuple(sorted({h[0] for h in taken[key] if h})), []).append(i)
-            for banned, rows in groups.items():
-                gens = self.policy.generate([active[i].context for i in rows], replace(one, exclude_first=banned))
-                for i, g in zip(rows, gens):
-                    heads[i] = g
-                    taken[(id(active[i].tree), active[i].parent)].add(tuple(g.token_ids))
-            self.resampled += len(batch)
-            left = [i for i in left if i not in batch.values()]
 
     def rollouts(self, tree: Tree) -> list[Rollout]:
         return [to_rollout(tree, leaf) for leaf in tree.kept_leaves]
@@ -404,18 +342,6 @@ def _checked(picks: Sequence[tuple[int, int]], forest: Forest, rule: Any) -> lis
             raise ConfigError(f"branching rule {name!r} chose node {node_id} of tree {t}, which is not an "
                               "unfinished node of a tree in the forest")
     return picks
-
-
-def distinct_share(trees: Sequence[Tree], head_tokens: int = 1) -> float:
-    """Mean over prompts of distinct kept trajectories / kept trajectories, two trajectories being
-    the same when every turn begins with the same ``head_tokens`` tokens (the move)."""
-    groups: dict[int, list[tuple]] = {}
-    for tree in trees:
-        for leaf in tree.kept_leaves:
-            key = tuple(tuple(tree.nodes[i].turn.action_ids[:head_tokens]) for i in tree.path(leaf))
-            groups.setdefault(tree.prompt_index, []).append(key)
-    shares = [len(set(keys)) / len(keys) for keys in groups.values() if keys]
-    return sum(shares) / len(shares) if shares else 1.0
 
 
 def _start_trees(sampler: _Sampler, prompts: Sequence[Prompt], per_prompt: int) -> tuple[list[Tree], list[_Root]]:
