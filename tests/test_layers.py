@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder -> the package it installs as (pyproject's package-dir)
 LAYERS = {"retrieval_index": 0, "envs": 1, "agents": 2, "trainers": 3}
 # Under every layer; each imports nothing of treegym's but the others here.
-BASE = {"treegym.errors", "treegym.paths", "treegym.options", "treegym.stats", "treegym.specs"}
+BASE = {"treegym.errors", "treegym.paths", "treegym.options", "treegym.stats", "treegym.specs", "treegym.hosts"}
 # The function that loads a user's ``module:name`` spec (an env class, a branching rule, an agent):
 # the one place a computed import belongs. Built-in parts (a family's expert) are real imports.
 USER_SPECS = {("treegym/specs.py", "load_object")}
