@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from treegym.errors import TreegymError
-from treegym.trainers import logprobs, loop, packing
+from treegym.trainers import logprobs, loop, packing, parallel
 from treegym.trainers.config import load_config
 from treegym.trainers.parallel import Dist
 
@@ -58,10 +58,17 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool, micro: int) -> dict[str, float]:
+def with_bf16(cfg: Any, on: bool) -> Any:
+    """``cfg`` with training's CPU bf16 autocast forced on or off."""
+    return dataclasses.replace(cfg, model_opts=dataclasses.replace(cfg.model_opts, cpu_bf16="on" if on else "off"))
+
+
+def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool, micro: int,
+                bf16: bool = False) -> dict[str, float]:
     """``train_step`` on ``batch`` from ``weights`` with a fresh optimiser: its seconds and counts."""
     run.model.load_state_dict(weights)
-    run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, pack=pack, micro_batch_size=micro))
+    run.cfg = dataclasses.replace(with_bf16(run.cfg, bf16),
+                                  optim=dataclasses.replace(run.cfg.optim, pack=pack, micro_batch_size=micro))
     run.updater.cfg = run.cfg
     run.updater.optimizer = torch.optim.AdamW(run.updater.params, lr=run.cfg.optim.lr)
     run.sample_seconds = 0.0
@@ -71,7 +78,24 @@ def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bo
     metrics = loop.train_step(run, batch)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": peak_rss_mb(), "forwarded": metrics["update_unique_tokens"],
-            "row_tokens": metrics["update_row_tokens"], "ratio": metrics["update_unique_ratio"]}
+            "row_tokens": metrics["update_row_tokens"], "ratio": metrics["update_unique_ratio"],
+            "loss": float(metrics.get("pg_loss", float("nan")))}
+
+
+def bf16_agreement(run: Any, batch: Any) -> dict[str, float]:
+    """Log-probs of the batch's action tokens under the trainer's scorer, fp32 against bf16 autocast."""
+    from treegym.trainers import update as upd
+
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    data = logprobs.pad_rollouts(batch.rollouts, pad)
+    fp32 = upd.score(run.scorer, data, with_bf16(run.cfg, False), run.device)
+    bf16 = upd.score(run.scorer, data, with_bf16(run.cfg, True), run.device)
+    mask = data.mask.bool()
+    diff = (bf16 - fp32).abs()[mask]
+    nll32, nll16 = float(-fp32[mask].mean()), float(-bf16[mask].mean())
+    return {"logp_abs_diff_mean": float(diff.mean()), "logp_abs_diff_max": float(diff.max()),
+            "nll_fp32": nll32, "nll_bf16": nll16, "nll_rel_diff": abs(nll16 - nll32) / max(abs(nll32), 1e-9),
+            "tokens": int(mask.sum())}
 
 
 def raw_generate(model: Any, tokenizer: Any, contexts: list[list[int]], new_tokens: int) -> tuple[float, int]:
@@ -127,6 +151,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="update runs per variant (median reported)")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens per context in the sampler comparison")
     parser.add_argument("--json", default="", help="also write the figures to this file")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 variants (they run where the CPU has "
+                        "bf16 matmul units)")
     args = parser.parse_args()
 
     from treegym.trainers.recipe import warm_start_folder
@@ -140,30 +166,37 @@ def main() -> None:
     cfg = load_config(overrides=overrides)
     model = args.model or (str(warm_start_folder(cfg)) if warm_start_folder(cfg).is_dir() else "smollm2")
     cfg = dataclasses.replace(cfg, model=model)
+    bf16_units = parallel.cpu_has_bf16() and not args.no_bf16
     load = os.getloadavg()
     print(f"model {model}, algo {cfg.algo}, prompts/step {cfg.prompts_per_step}, torch threads "
           f"{torch.get_num_threads()}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = loop.setup(cfg, Path(tmp), Dist(), torch.device("cpu"))
+        run = loop.setup(with_bf16(cfg, False), Path(tmp), Dist(), torch.device("cpu"))
         t0 = time.perf_counter()
         batch = loop.sample(run)
         sample_s = time.perf_counter() - t0
         bud = batch.budget
         weights = copy.deepcopy(run.model.state_dict())
         micro, mini = cfg.optim.micro_batch_size, cfg.optim.mini_batch_size
-        variants = {"per-row": (False, micro, True), "packed, [P,P] mask": (True, micro, False),
-                    "packed": (True, micro, True), f"packed, micro {mini}": (True, mini, True)}
+        variants = {"per-row": (False, micro, True, False), "packed, [P,P] mask": (True, micro, False, False),
+                    "packed": (True, micro, True, False), f"packed, micro {mini}": (True, mini, True, False)}
+        if bf16_units:
+            variants["packed, bf16"] = (True, micro, True, True)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
         for _ in range(args.reps):
-            for name, (pack, size, runs) in variants.items():
+            for name, (pack, size, runs, bf16) in variants.items():
                 # the ancestor-mask variant is the packed update before run attention (packing.py)
                 logprobs.runs_supported = packing.runs_supported if runs else (lambda config: False)
-                rows[name].append(update_once(run, batch, weights, pack, size))
+                rows[name].append(update_once(run, batch, weights, pack, size, bf16))
         logprobs.runs_supported = packing.runs_supported
+        run.model.load_state_dict(weights)
+        agreement = bf16_agreement(run, batch) if bf16_units else None
         contexts = [list(t.prompt_ids) for t in batch.trees]
         run.model.load_state_dict(weights)
         hf_s, hf_n = policy_generate(run.engine.policy, contexts, args.new_tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hf16_s, hf16_n = policy_generate(run.engine.policy, contexts, args.new_tokens) if bf16_units else (1.0, 0)
         raw_s, raw_n = raw_generate(run.model, run.tokenizer, contexts, args.new_tokens)
         # prefill alone: one new token after each (uncached) context
         hf_p, _ = policy_generate(run.engine.policy, contexts, 1)
@@ -207,9 +240,23 @@ def main() -> None:
     target = (sample_s + base["seconds"]) / 3
     print(f"  a 3x faster step is {target:.1f} s; the packed update alone at the fp32 roofline takes {floor:.1f} s, "
           f"which leaves {max(target - floor, 0):.1f} s for sampling (measured {sample_s:.1f} s)")
+    if bf16_units:
+        b16 = med["packed, bf16"]
+        print(f"\nbf16 autocast in the update (this CPU has bf16 matmul units; sampling stays fp32): packed update "
+              f"{b16['seconds']:.1f} s against {new['seconds']:.1f} s fp32 ({new['seconds'] / b16['seconds']:.2f}x)")
+        print(f"  step: per-row fp32 {sample_s + base['seconds']:.1f} s, packed fp32 {sample_s + new['seconds']:.1f} s, "
+              f"packed bf16 {sample_s + b16['seconds']:.1f} s: {(sample_s + base['seconds']) / (sample_s + b16['seconds']):.2f}x "
+              f"against per-row fp32, {(sample_s + new['seconds']) / (sample_s + b16['seconds']):.2f}x against packed fp32")
+        print(f"  agreement on the batch's {agreement['tokens']} action tokens: log-prob |bf16 - fp32| mean "
+              f"{agreement['logp_abs_diff_mean']:.4f} (max {agreement['logp_abs_diff_max']:.3f}); token NLL "
+              f"{agreement['nll_fp32']:.4f} -> {agreement['nll_bf16']:.4f} ({agreement['nll_rel_diff']:.2%}); "
+              f"train_step loss {med['packed']['loss']:.5f} -> {b16['loss']:.5f}")
     print(f"\nsampler on the batch's {len(contexts)} first-turn contexts, {args.new_tokens} new tokens each:")
     print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s); prefill "
           f"{context_tokens / hf_p:.0f} tokens/s")
+    if bf16_units:
+        print(f"  HFPolicy under bf16 autocast {hf16_n / hf16_s:7.1f} generated tokens/s ({hf16_s:.1f} s): why "
+              "sampling stays fp32 on a CPU (inference_mode keeps no cast weights)")
     print(f"  HF generate   {raw_n / raw_s:7.1f} generated tokens/s ({raw_s:.1f} s); prefill "
           f"{context_tokens / raw_p:.0f} tokens/s")
     print("  matmul roofline " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in flops.items()))
@@ -219,7 +266,8 @@ def main() -> None:
             "budget": dataclasses.asdict(bud), "update": rows, "update_median": med, "update_speedup": speedup, "update_cpu_speedup": cpu_speedup,
             "hf_policy_tokens_per_s": hf_n / hf_s, "hf_generate_tokens_per_s": raw_n / raw_s, "matmul_gflops": flops,
             "hf_policy_prefill_per_s": context_tokens / hf_p, "hf_generate_prefill_per_s": context_tokens / raw_p,
-            "scored_tokens": scored, "threads": threads,
+            "scored_tokens": scored, "threads": threads, "bf16_units": bf16_units, "bf16_agreement": agreement,
+            "hf_policy_bf16_tokens_per_s": hf16_n / hf16_s if bf16_units else None,
             "update_gflop": {k: update_gflop(run.model, v["forwarded"], scored) for k, v in med.items()},
         }, indent=2))
 

@@ -10,6 +10,9 @@ import pytest
 
 # Built indexes and converted models are cached across test sessions here (CI sets its own).
 os.environ.setdefault("TREEGYM_HOME", str(Path(__file__).resolve().parent.parent / ".cache" / "treegym"))
+# The suite's exactness checks (packed = per-leaf to 1e-5, resumed = uninterrupted) are written for fp32: pin
+# it on CPUs with bf16 units too, in this process and in the ones it starts. test_cpu_bf16 turns bf16 on.
+os.environ["TREEGYM_CPU_BF16"] = "off"
 
 
 @pytest.fixture()

@@ -60,7 +60,7 @@ def evaluate_policy(policy: Policy, env: Any, cfg: TrainConfig, device: torch.de
     local = None
     if prompts:
         bar = progress_bar(len(prompts) * cfg.sampler.max_turns, f"held-out eval ({len(prompts)} prompts)", progress, "turn", leave=False)
-        with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16), bar:
+        with torch.no_grad(), parallel.autocast(device, parallel.generate_bf16(device, cfg.model_opts)), bar:
             batch = play_protocol(policy, env, prompts, protocol, progress=bar)
         local = heldout_from_batch(batch)
     return HeldOut.merge(parallel.gather_objects(local, dist)) if dist.on else local
@@ -110,7 +110,7 @@ def before_memo_path(cfg: TrainConfig, split: str, weights: str | None, backend:
     if weights is None:
         return None
     key = {"version": MEMO_VERSION, "seal": weights, "protocol": asdict(run_protocol(cfg, split=split)),
-           "backend": backend, "lora": cfg.model_opts.lora, "bf16": cfg.model_opts.bf16, "device": device.type,
+           "backend": backend, "lora": cfg.model_opts.lora, "bf16": parallel.generate_bf16(device, cfg.model_opts), "device": device.type,
            "code": code_digest()}
     name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return cache_dir("heldout-memo") / f"{name}.json"

@@ -224,6 +224,9 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
               eval_env=make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None, state=state, log=log,
               progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
+    if dist.main and device.type == "cpu" and parallel.train_bf16(device, cfg.model_opts):
+        print("update under bf16 autocast (this CPU has bf16 matmul units; weights, AdamW, sampling and "
+              "evaluation stay fp32; --model_opts.cpu_bf16=off for fp32 throughout)")
     if dist.main and cfg.run.eval_n:  # what `treegym eval --agent RUN/final` replays
         run_protocol(cfg).write(folder)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name
@@ -247,7 +250,7 @@ def sample(run: Run) -> RolloutBatch:
     state.data_position += cfg.prompts_per_step * dist.world
     run.model.eval()
     t0 = time.time()
-    with torch.no_grad(), parallel.autocast(run.device, cfg.model_opts.bf16):
+    with torch.no_grad(), parallel.autocast(run.device, parallel.generate_bf16(run.device, cfg.model_opts)):
         batch = run.algo.sample(run.engine.policy, run.env, prompts, cfg, sampling_params(cfg),
                                 resolve_mode(cfg.sampler.context_mode, run.tokenizer),
                                 cfg.seed * 100_003 + state.step * dist.world + dist.rank)

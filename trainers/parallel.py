@@ -106,10 +106,44 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def cpu_has_bf16() -> bool:
+    """True where this CPU multiplies bf16 in hardware (AMX tiles or AVX512-BF16). There a bf16
+    matmul runs several times the fp32 rate; elsewhere bf16 is emulated and slower than fp32.
+
+    ``TREEGYM_CPU_BF16=off`` (or ``on``) overrides the probe for every process that inherits it: the
+    test suite pins fp32 with it, because its exactness checks are written for fp32.
+    """
+    forced = os.environ.get("TREEGYM_CPU_BF16", "").strip().lower()
+    if forced in ("on", "off"):
+        return forced == "on"
+    probes = (getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_is_avx512_bf16_supported", None))
+    return any(bool(probe()) for probe in probes if probe is not None)
+
+
+def train_bf16(device: torch.device, opts: Any) -> bool:
+    """Whether the update (the trainer's forward and backward, and its old/reference log-probs) runs
+    under bf16 autocast; weights, gradients and AdamW stay fp32. On a GPU with ``model_opts.bf16``;
+    on a CPU by ``model_opts.cpu_bf16`` (``auto``: where :func:`cpu_has_bf16`)."""
+    if device.type == "cuda":
+        return bool(opts.bf16)
+    if device.type == "cpu":
+        return opts.cpu_bf16 == "on" or (opts.cpu_bf16 == "auto" and cpu_has_bf16())
+    return False
+
+
+def generate_bf16(device: torch.device, opts: Any) -> bool:
+    """Whether sampling and held-out evaluation run under bf16 autocast: on a GPU with
+    ``model_opts.bf16``, never on a CPU. There generation runs under ``inference_mode``, where
+    autocast keeps no cast weights and re-casts every weight at every decode step (HFPolicy made 25
+    generated tokens/s under it against 49 in fp32, ``benchmarks/bench_rl_step.py``); and a CPU
+    run's figures stay the fp32 ones that ``treegym eval --agent RUN/final`` replays."""
+    return device.type == "cuda" and bool(opts.bf16)
+
+
 def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on GPU (weights stay fp32); nothing on CPU."""
-    if device.type == "cuda" and bf16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """bf16 autocast on ``device`` (weights stay fp32) when ``bf16``; nothing otherwise."""
+    if bf16 and device.type in ("cuda", "cpu"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

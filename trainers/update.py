@@ -97,7 +97,7 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 sync = k == n_micro - 1
                 # FSDP2 reads the sync switch in the backward, so the backward runs inside it too
                 with parallel.grad_sync(u.trainer, sync or not dist.on):
-                    with parallel.autocast(device, cfg.model_opts.bf16):
+                    with parallel.autocast(device, parallel.train_bf16(device, cfg.model_opts)):
                         ids, attn, tgt, mask, n, packed = take(data, rows, device, cfg.optim.pack)
                         logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True, packed=packed)
                         if fresh and micro:
@@ -147,7 +147,7 @@ def score(scorer: TokenScorer, data: PaddedBatch, cfg: Any, device: torch.device
     chunks = math.ceil(len(every) / size)
     if dist is not None and dist.on and parallel.is_sharded(scorer):
         chunks = parallel.all_max(chunks, dist, device)
-    with torch.no_grad(), parallel.autocast(device, cfg.model_opts.bf16):
+    with torch.no_grad(), parallel.autocast(device, parallel.train_bf16(device, cfg.model_opts)):
         for c in range(chunks):
             chunk = every[c * size : (c + 1) * size]
             ids, attn, tgt, mask, n, packed = take(data, chunk or [0], device, cfg.optim.pack)
