@@ -13,6 +13,7 @@ wall time (``curves.png``).
     python benchmarks/rl_real_envs.py --env WebSearchQA-v0 --methods grpo tree-grpo
     python benchmarks/rl_real_envs.py --quick        # 2 methods, 1 seed, a small budget: the pipeline
 
+Give each method its own tuned learning rate with ``--lr grpo=5e-6 tree-grpo=2e-6``.
 Runs that finished are read back, not rerun, so an interrupted benchmark resumes. Extra
 ``--field=value`` arguments reach every run (for example ``--optim.lr=1e-5``); tune each method's
 learning rate with the same effort on seeds you do not report.
@@ -45,8 +46,23 @@ METHODS: dict[str, list[str]] = {
 
 def config_args(method: str, args: argparse.Namespace, rest: list[str]) -> list[str]:
     """The config fields of one run, as ``treegym train`` takes them (``--field=value``)."""
+    tuned = [f"--optim.lr={args.lr[method]}"] if method in args.lr else []
     return ["--warm_start=off", f"--steps={args.steps}", f"--token_budget={args.budget}",
-            f"--run.eval_n={args.eval_n}", f"--run.eval_every={args.eval_every}", *METHODS[method], *rest]
+            f"--run.eval_n={args.eval_n}", f"--run.eval_every={args.eval_every}", *METHODS[method], *rest, *tuned]
+
+
+def method_lrs(pairs: list[str]) -> dict[str, float]:
+    """``["grpo=5e-6", ...]`` -> {method: lr}, each method's tuned learning rate."""
+    out = {}
+    for pair in pairs:
+        method, _, value = pair.partition("=")
+        if method not in METHODS:
+            raise SystemExit(f"rl_real_envs: --lr {pair!r}: no method {method!r} (one of {', '.join(METHODS)})")
+        try:
+            out[method] = float(value)
+        except ValueError:
+            raise SystemExit(f"rl_real_envs: --lr {pair!r}: {value!r} is not a number (write METHOD=LR, e.g. grpo=5e-6)") from None
+    return out
 
 
 def run_once(env: str, model: str, method: str, seed: int, args: argparse.Namespace, rest: list[str],
@@ -128,9 +144,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000, help="a cap on steps; the token budget ends a run first")
     ap.add_argument("--eval-n", type=int, default=128, help="held-out prompts scored before, during and after")
     ap.add_argument("--eval-every", type=int, default=4, help="steps between held-out scorings (0: before/after only)")
+    ap.add_argument("--lr", nargs="+", default=[], metavar="METHOD=LR",
+                    help="a method's own tuned learning rate (e.g. grpo=5e-6 tree-grpo=2e-6); over --optim.lr")
     ap.add_argument("--out", default="runs/rl-real-envs")
     ap.add_argument("--quick", action="store_true", help="grpo and tree-grpo, seed 0, 1,500 tokens, 16 prompts")
     args, rest = ap.parse_known_args()
+    args.lr = method_lrs(args.lr)
     if args.quick:
         args.methods, args.seeds, args.budget, args.eval_n, args.eval_every = ["grpo", "tree-grpo"], [0], 1500, 16, 0
     # every run's fields are checked before the warm start, so a typo costs seconds, not a warm start

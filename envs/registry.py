@@ -54,6 +54,9 @@ class Family:
     sft_micro_batch_size: int | None = None  # SFT episodes per forward, where it differs from micro_batch_size
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
     distinct_actions: bool | None = None  # train's sampler.distinct_actions: siblings at a fork make different moves
+    algo: str | None = None  # train's algorithm on defaults: the one that learns on this family, measured
+    temperature: float | None = None  # train's sampler.temperature: where the warm start's rollouts still succeed and differ
+    lr: Mapping[str, float] = field(default_factory=dict)  # algorithm -> train's optim.lr, tuned on seeds no report uses
     expert: str | None = None  # the name of the expert a warm start imitates (``treegym.agents.experts``)
     training: str | None = None  # the id of the variant the family trains on
     training_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -65,6 +68,7 @@ class Family:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "training_kwargs", MappingProxyType(dict(self.training_kwargs)))
+        object.__setattr__(self, "lr", MappingProxyType(dict(self.lr)))
         if self.sft_micro_batch_size is None:  # SFT takes the rollouts' micro-batch unless the family says
             object.__setattr__(self, "sft_micro_batch_size", self.micro_batch_size)
 

@@ -21,9 +21,11 @@ def test_every_field_has_a_help_string() -> None:
     assert "--optim.lr" in help_text()
 
 
-def test_defaults_are_tree_grpo_on_tree_search_qa_with_smollm2() -> None:
+def test_defaults_are_tree_search_qa_with_smollm2_and_the_familys_tuned_algorithm() -> None:
     cfg = load_config()
-    assert (cfg.algo, cfg.env, cfg.model) == ("tree-grpo", "TreeSearchQA-v0", "smollm2")
+    assert (cfg.env, cfg.model) == ("TreeSearchQA-v0", "smollm2")
+    # the trainer's own algorithm is Tree-GRPO; the QA family's record sets the one that learns there
+    assert TrainConfig().algo == "tree-grpo" and (cfg.algo, cfg.optim.lr, cfg.sampler.temperature) == ("grpo", 5e-6, 0.7)
     s = cfg.sampler
     assert (s.trees, s.expand_nodes, s.rounds, s.leaves) == (2, 2, 1, 3)
     assert cfg.loss.clip == 0.2 and cfg.loss.dual_clip == 3.0
@@ -199,3 +201,24 @@ def test_a_familys_sft_micro_batch_follows_its_rollout_micro_batch_unless_it_set
         mp.setitem(__import__("treegym.envs.registry", fromlist=["FAMILIES"]).FAMILIES, fam.id,
                    Family(id=fam.id, entry_point=fam.entry_point, micro_batch_size=3, sft_micro_batch_size=1))
         assert (family_defaults(fam.id)["optim.micro_batch_size"], family_defaults(fam.id)["sft.micro_batch_size"]) == (3, 1)
+
+
+def test_a_familys_algorithm_and_its_learning_rate_per_algorithm_apply_under_the_command_line(tmp_path) -> None:
+    from treegym.envs.registry import FAMILIES, Family
+
+    fam = Family(id="Probe-Tuned-v0", entry_point="treegym.envs.probes:ProbeMazeEnv", algo="grpo", temperature=0.7,
+                 lr={"grpo": 5e-6, "tree-grpo": 2e-6})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(FAMILIES, fam.id, fam)
+        plain = load_config(overrides=[("env", fam.id)])
+        assert (plain.algo, plain.optim.lr, plain.sampler.temperature) == ("grpo", 5e-6, 0.7)
+        # another algorithm takes the family's lr for it; one the family did not tune, the trainer's own
+        assert load_config(overrides=[("env", fam.id), ("algo", "tree-grpo")]).optim.lr == 2e-6
+        assert load_config(overrides=[("env", fam.id), ("algo", "treeopsd")]).optim.lr == TrainConfig().optim.lr
+        # the command line and a YAML file still win
+        assert load_config(overrides=[("env", fam.id), ("optim.lr", "1e-5")]).optim.lr == 1e-5
+        yaml = tmp_path / "run.yaml"
+        yaml.write_text("algo: tree-grpo\noptim:\n  lr: 3.0e-6\n")
+        from_file = load_config(yaml, [("env", fam.id)])
+        assert (from_file.algo, from_file.optim.lr) == ("tree-grpo", 3e-6)
+        assert load_config(yaml, [("env", fam.id), ("algo", "grpo")]).optim.lr == 3e-6

@@ -319,16 +319,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 # config path -> the field of the env family's record that sets its default
 FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "max_new_tokens",
                  "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
-                 "steps": "steps",
+                 "steps": "steps", "algo": "algo", "sampler.temperature": "temperature",
                  "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "sft_micro_batch_size",
                  "run.also_eval_split": "also_eval_split", "sampler.distinct_actions": "distinct_actions"}
 
 
-def family_defaults(env_id: str) -> dict[str, Any]:
+def family_defaults(env_id: str, algo: str | None = None) -> dict[str, Any]:
     """The config fields the env's family record sets (``treegym.envs.registry.Family``), applied
-    under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's."""
+    under the YAML file and the overrides; a registered variant (X-Train-v0) gets its base's.
+    ``algo`` (the run's algorithm, once known) adds the learning rate the family tuned for it."""
     fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
     values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
+    if fam is not None and algo in fam.lr:
+        values["optim.lr"] = fam.lr[algo]
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -339,6 +342,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[tuple[str, A
     defaults = family_defaults(cfg.env)
     if defaults:  # a second pass, now that the env is known
         cfg = _load(path, overrides, defaults)
+    tuned = family_defaults(cfg.env, cfg.algo)
+    if tuned != defaults:  # a third, now that the algorithm is (the family's lr for it)
+        cfg = _load(path, overrides, tuned)
     return validate(cfg)
 
 

@@ -25,9 +25,11 @@ def env_defaults_text() -> str:
     """Each env family's defaults as help lines: they apply under the YAML file and the command
     line, and a registered variant (``X-Train-v0``) gets its base env's."""
     lines = ["Defaults per env family (a YAML file or --field=value still wins):"]
-    for env_id in FAMILIES:
-        lines.append(f"  {env_id}: " + (", ".join(f"{k}={v}" for k, v in family_defaults(env_id).items())
-                                         or "(the trainer's own)"))
+    for env_id, fam in FAMILIES.items():
+        values = [f"{k}={v}" for k, v in family_defaults(env_id).items()]
+        if fam.lr:  # a learning rate per algorithm, each tuned for the family
+            values.append("optim.lr " + " ".join(f"{a}={lr:g}" for a, lr in fam.lr.items()))
+        lines.append(f"  {env_id}: " + (", ".join(values) or "(the trainer's own)"))
     lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
     for variant, (base, kwargs) in VARIANTS.items():
         lines.append(f"  {base} -> {variant}: " + ", ".join(f"{k}={v}" for k, v in kwargs.items()))
@@ -53,7 +55,7 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
     paths, defaults = leaf_paths(), TrainConfig()
     for flag, path in flags.items():
         meta, default = paths[path].metadata, get_path(defaults, path)
-        family = " when the env family sets none" if path in FAMILY_FIELDS else ""
+        family = " when the env family sets none" if path in FAMILY_FIELDS or path == "optim.lr" else ""
         help_ = f"{meta.get('help', '')} (default {default!r}{family}; config field {path})".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_}
         if default is False:
