@@ -162,8 +162,8 @@ class TreeSearchQAEnv(QAEnv[RetrievalState]):
 # The family's record: what train, sft, eval and play read for this env (``treegym.envs.registry``).
 # It trains on BM25 (builds in seconds, no embedder forward per query: what a 2-core run can afford)
 # scored with Tree-GRPO's format-aware table. The RL phase on defaults is the one that learns here,
-# measured across seeds by benchmarks/rl_real_envs.py (docs/results.md, "The RL phase ... at equal
-# tokens"): GRPO at lr 5e-6, sampling at temperature 0.7 (at 1.0 the warm start's rollouts are
+# measured across seeds by benchmarks/rl_real_envs.py (docs/results.md, "Round two: GRPO, Tree-GRPO
+# and TreeOPSD at tuned learning rates"): GRPO at lr 5e-6, sampling at temperature 0.7 (at 1.0 the warm start's rollouts are
 # right 2% of the time), 22 steps (about 8,000 generated tokens, the benchmark's budget). Each
 # learning rate was tuned on a seed no report uses, with the same grid for every algorithm.
 register_family(Family(

@@ -322,6 +322,7 @@ FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "ma
                  "steps": "steps", "algo": "algo", "sampler.temperature": "temperature",
                  "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "sft_micro_batch_size",
                  "run.also_eval_split": "also_eval_split", "sampler.distinct_actions": "distinct_actions"}
+FAMILY_LR = "optim.lr"  # set from the family's ``lr`` for the run's algorithm (``family_defaults(env, algo)``)
 
 
 def family_defaults(env_id: str, algo: str | None = None) -> dict[str, Any]:
@@ -331,7 +332,7 @@ def family_defaults(env_id: str, algo: str | None = None) -> dict[str, Any]:
     fam = FAMILIES.get(base_id(env_id))  # None (an env of no family) sets nothing
     values = {path: getattr(fam, name, None) for path, name in FAMILY_FIELDS.items()}
     if fam is not None and algo in fam.lr:
-        values["optim.lr"] = fam.lr[algo]
+        values[FAMILY_LR] = fam.lr[algo]
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from treegym.envs.registry import FAMILIES, VARIANTS
 from treegym.trainers.config import (
     FAMILY_FIELDS,
+    FAMILY_LR,
     TrainConfig,
     family_defaults,
     get_path,
@@ -28,7 +29,7 @@ def env_defaults_text() -> str:
     for env_id, fam in FAMILIES.items():
         values = [f"{k}={v}" for k, v in family_defaults(env_id).items()]
         if fam.lr:  # a learning rate per algorithm, each tuned for the family
-            values.append("optim.lr " + " ".join(f"{a}={lr:g}" for a, lr in fam.lr.items()))
+            values.append(f"{FAMILY_LR} " + " ".join(f"{a}={lr:g}" for a, lr in fam.lr.items()))
         lines.append(f"  {env_id}: " + (", ".join(values) or "(the trainer's own)"))
     lines.append("Each env trains on its training variant, when it has one (evaluation is never shaped):")
     for variant, (base, kwargs) in VARIANTS.items():
@@ -55,7 +56,7 @@ def add_options(parser: Any, flags: dict[str, str]) -> None:
     paths, defaults = leaf_paths(), TrainConfig()
     for flag, path in flags.items():
         meta, default = paths[path].metadata, get_path(defaults, path)
-        family = " when the env family sets none" if path in FAMILY_FIELDS or path == "optim.lr" else ""
+        family = " when the env family sets none" if path in FAMILY_FIELDS or path == FAMILY_LR else ""
         help_ = f"{meta.get('help', '')} (default {default!r}{family}; config field {path})".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS, "help": help_}
         if default is False:
