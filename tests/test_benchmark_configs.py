@@ -26,17 +26,23 @@ def _module(name: str):
 @pytest.mark.parametrize("env", ["TreeSearchQA-v0", "WebSearchQA-v0"])
 def test_every_rl_real_envs_method_is_a_valid_config_with_the_budget_it_names(env: str) -> None:
     bench = _module("rl_real_envs")
-    args = argparse.Namespace(steps=7, budget=1234, eval_n=16, eval_every=2)
+    args = argparse.Namespace(steps=7, budget=1234, eval_n=16, eval_every=2, lr={})
     for method in bench.METHODS:
         cfg = load_config(None, [("env", env), *parse_overrides(bench.config_args(method, args, ["--sampler.temperature=0.7"]))])
         assert (cfg.steps, cfg.token_budget, cfg.run.eval_n, cfg.run.eval_every) == (7, 1234, 16, 2), method
         assert cfg.warm_start == "off" and cfg.sampler.temperature == 0.7
     assert load_config(None, parse_overrides(bench.config_args("grpo", args, []))).algo == "grpo"
     assert load_config(None, parse_overrides(bench.config_args("fork+moves", args, []))).sampler.distinct_actions
+    # --lr METHOD=LR: that method's own rate, over an --optim.lr meant for every run; the others keep theirs
+    args.lr = bench.method_lrs(["tree-grpo=3e-6"])
+    assert load_config(None, parse_overrides(bench.config_args("tree-grpo", args, ["--optim.lr=1e-5"]))).optim.lr == 3e-6
+    assert load_config(None, parse_overrides(bench.config_args("grpo", args, ["--optim.lr=1e-5"]))).optim.lr == 1e-5
+    with pytest.raises(SystemExit, match="not a number"):
+        bench.method_lrs(["grpo=fast"])
 
 
 def test_a_misspelt_field_is_refused_before_any_run() -> None:
     bench = _module("rl_real_envs")
-    args = argparse.Namespace(steps=1, budget=1, eval_n=1, eval_every=0)
+    args = argparse.Namespace(steps=1, budget=1, eval_n=1, eval_every=0, lr={})
     with pytest.raises(ConfigError, match="run.token_budget"):
         load_config(None, parse_overrides(bench.config_args("grpo", args, ["--run.token_budget=5"])))
