@@ -10,7 +10,8 @@ beside the decoder's own matmuls are large (``benchmarks/bench_rl_step.py`` meas
   113 MB weight at a fraction of the memory bandwidth when there are few rows; oneDNN's
   ``mkldnn_linear`` on a weight reordered once runs it 2-3x faster.
 
-``ReservedLayer`` writes each new token into spare room reserved up front, and ``PackedHead``
+``ReservedLayer`` writes each new token into spare room reserved up front (a batch's reused KV is
+stacked straight into that buffer, so nothing is copied twice), and ``PackedHead``
 keeps the reordered head weight, rebuilt when the weights change. Both compute what they replace:
 the same keys and values, and the same logits up to float summation order.
 """
@@ -24,18 +25,26 @@ from transformers.cache_utils import DynamicLayer
 
 
 class ReservedLayer(DynamicLayer):
-    """A cache layer with room for ``spare`` more tokens; ``keys``/``values`` are views of it."""
+    """A cache layer whose keys and values live in a buffer with room to spare; ``keys``/``values``
+    are views of its filled part, and ``update`` writes in place (no copy of what is there).
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
+    ``ReservedLayer(room)`` is empty: its first ``update`` allocates that update's length plus
+    ``room``. ``ReservedLayer.holding(k, v, length)`` wraps buffers whose first ``length`` columns
+    are filled already (``HFPolicy`` stacks a batch's reused KV straight into them)."""
+
+    def __init__(self, room: int = 0) -> None:
         super().__init__()
-        self.device = keys.device
-        self.is_initialized = True
-        self._length = keys.shape[-2]
-        self._k = keys.new_empty((*keys.shape[:-2], self._length + spare, keys.shape[-1]))
-        self._v = values.new_empty((*values.shape[:-2], self._length + spare, values.shape[-1]))
-        self._k[..., : self._length, :] = keys
-        self._v[..., : self._length, :] = values
-        self._views()
+        self._room = room
+        self._length = 0
+
+    @classmethod
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> ReservedLayer:
+        layer = cls()
+        layer.device = keys.device
+        layer.is_initialized = True
+        layer._k, layer._v, layer._length = keys, values, length
+        layer._views()
+        return layer
 
     def _views(self) -> None:
         self.keys = self._k[..., : self._length, :]
@@ -44,6 +53,11 @@ class ReservedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[-2]
+        if not self.is_initialized:
+            self.device = key_states.device
+            self.is_initialized = True
+            shape = (*key_states.shape[:-2], new + self._room, key_states.shape[-1])
+            self._k, self._v = key_states.new_empty(shape), value_states.new_empty(shape)
         if self._length + new > self._k.shape[-2]:  # out of room: grow by doubling, once in a while
             room = max(2 * self._k.shape[-2], self._length + new)
             self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:-2], room - self._k.shape[-2],
@@ -69,12 +83,6 @@ class ReservedLayer(DynamicLayer):
             raise ValueError("crop takes the number of tokens to remove, as a negative integer")
         self._length = max(0, self._length + tokens_to_remove)
         self._views()
-
-
-def reserve(cache: Any, spare: int) -> Any:
-    """Give every layer of a filled ``DynamicCache`` room for ``spare`` more tokens, in place."""
-    cache.layers = [ReservedLayer(layer.keys, layer.values, spare) for layer in cache.layers]
-    return cache
 
 
 class PackedHead:

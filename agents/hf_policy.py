@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from treegym.agents.decode_state import PackedHead, reserve
+from treegym.agents.decode_state import PackedHead, ReservedLayer
+from treegym.agents.fast_decode import FastDecoder, cpu_has_bf16
 from treegym.agents.kv_cache import LayerKV, PrefixCache, branch_prefixes, kv_bytes_per_token
 from treegym.agents.policy import Generation, PolicyStats, SamplingParams
 from treegym.agents.sampling import find_stop, sample_tokens
@@ -66,6 +67,9 @@ class HFPolicy:
         seed: seed of the sampling generator (``SamplingParams.seed`` overrides it per call).
         packed_head: on CPU in fp32, run the LM head on a oneDNN-reordered copy of its weight
             (``decode_state.PackedHead``: the same logits to float rounding, 2-3x faster at a few rows).
+        bf16: on CPU, sample through ``fast_decode.FastDecoder`` in bf16 (fused, packed bf16 weights,
+            rebuilt when the weights change; fp32 residual stream and KV). None: where the CPU has
+            bf16 units (``cpu_has_bf16``). Models it does not know, and GPUs, run their own forward.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class HFPolicy:
         min_shared_prefix: int = 8,
         seed: int = 0,
         packed_head: bool = True,
+        bf16: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -103,7 +108,10 @@ class HFPolicy:
         self._weights_version = self._current_weights_version()
         self.packed_head = packed_head
         self._head: PackedHead | None = None
-        self._head_version = -1  # the weights version self._head was built from
+        self._built_version = -1  # the weights version self._head and self._fast were built from
+        self.bf16 = cpu_has_bf16() if bf16 is None else bool(bf16)
+        self._fast: FastDecoder | None = None
+        self.fast_dtype = torch.bfloat16  # the decoder's matmul dtype; the tests set fp32 to check it exactly
 
     @classmethod
     def from_pretrained(cls, spec: str = "smollm2", device: str | None = None, **kwargs: Any) -> HFPolicy:
@@ -152,9 +160,10 @@ class HFPolicy:
             if version != self._weights_version:
                 self.prefix_cache.clear()
                 self._weights_version = version
-            if self.packed_head and self._head_version != version:
-                self._head = PackedHead.for_model(self.model)
-                self._head_version = version
+            if self._built_version != version:
+                self._fast = FastDecoder.for_model(self.model, self.fast_dtype) if self.bf16 else None
+                self._head = PackedHead.for_model(self.model) if self.packed_head and self._fast is None else None
+                self._built_version = version
             if self.reuse_prefix:
                 # One entry per row must fit, or the LRU evicts rows of this very call and every
                 # next turn prefills its whole context again (household: 32 rows x 1,500 tokens
@@ -212,34 +221,39 @@ class HFPolicy:
             positions[i, suffix_len - len(suffix) :] = torch.arange(n, len(seq))
             new_valid[i, suffix_len - len(suffix) :] = True
             past_valid[i, past_len - n :] = True
-        cache = self._stack_past(found, past_len)
+        cache = self._stack_past(found, past_len, room=suffix_len + spare)
         key_valid = torch.cat([past_valid, new_valid], dim=1).to(self.device)
         logits = self._forward(ids.to(self.device), positions.to(self.device), key_valid, cache, past_len)
-        if spare:
-            reserve(cache, spare)
         self.stats.prefill_tokens += sum(len(s) - n for s, n in zip(seqs, reused))
         if count_reuse:
             self.stats.reused_tokens += sum(reused)
         next_pos = torch.tensor([len(s) for s in seqs], device=self.device)
         return _Batch(cache, key_valid, next_pos, logits)
 
-    def _stack_past(self, found: list[tuple[int, LayerKV | None]], past_len: int) -> Any:
-        """A batched cache holding each row's reused KV, right-aligned in ``past_len`` columns."""
+    def _stack_past(self, found: list[tuple[int, LayerKV | None]], past_len: int, room: int) -> Any:
+        """A batched cache holding each row's reused KV, right-aligned in ``past_len`` columns, with
+        ``room`` more columns for the tokens to come (written in place: ``ReservedLayer``)."""
         from transformers import DynamicCache
 
+        cache = DynamicCache(config=self.model.config)
         if past_len == 0:
-            return DynamicCache(config=self.model.config)
+            cache.layers = [ReservedLayer(room) for _ in cache.layers]
+            return cache
         template = next(kv for _, kv in found if kv is not None)
         layers = []
         for layer, (k0, v0) in enumerate(template):
-            keys = k0.new_zeros((len(found), k0.shape[0], past_len, k0.shape[2]))
-            values = v0.new_zeros((len(found), v0.shape[0], past_len, v0.shape[2]))
+            keys = k0.new_empty((len(found), k0.shape[0], past_len + room, k0.shape[2]))
+            values = v0.new_empty((len(found), v0.shape[0], past_len + room, v0.shape[2]))
             for i, (n, kv) in enumerate(found):
+                # Columns a row does not fill are masked, but must be finite: 0 x NaN is NaN.
+                keys[i, :, : past_len - n] = 0
+                values[i, :, : past_len - n] = 0
                 if n:
-                    keys[i, :, past_len - n :] = kv[layer][0]
-                    values[i, :, past_len - n :] = kv[layer][1]
-            layers.append((keys, values))
-        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+                    keys[i, :, past_len - n : past_len] = kv[layer][0]
+                    values[i, :, past_len - n : past_len] = kv[layer][1]
+            layers.append(ReservedLayer.holding(keys, values, past_len))
+        cache.layers = layers
+        return cache
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor, cache: Any, past_len: int
@@ -255,6 +269,8 @@ class HFPolicy:
         # their outputs are never read and their keys stay masked for every real row.
         allowed[:, torch.arange(width), query_cols] = True
         mask = allowed[:, None]
+        if self._fast is not None:
+            return self._fast(ids, positions, mask, cache)
         if not self._bool_mask:
             mask = torch.zeros(mask.shape, dtype=self.model.dtype, device=self.device).masked_fill(
                 ~mask, torch.finfo(self.model.dtype).min

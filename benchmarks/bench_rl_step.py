@@ -64,13 +64,22 @@ def with_bf16(cfg: Any, on: bool) -> Any:
 
 
 def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bool, micro: int,
-                bf16: bool = False) -> dict[str, float]:
-    """``train_step`` on ``batch`` from ``weights`` with a fresh optimiser: its seconds and counts."""
+                bf16: bool = False, fused: bool = True) -> dict[str, float]:
+    """``train_step`` on ``batch`` from ``weights``: its seconds and counts. The optimiser is a fresh
+    AdamW whose state is made by one step on zero gradients first (weights unchanged), as it is from
+    a run's second step on: ``fused`` is the run's (``parallel.adamw``), else torch's default
+    (``foreach``, the update before it)."""
     run.model.load_state_dict(weights)
     run.cfg = dataclasses.replace(with_bf16(run.cfg, bf16),
                                   optim=dataclasses.replace(run.cfg.optim, pack=pack, micro_batch_size=micro))
     run.updater.cfg = run.cfg
-    run.updater.optimizer = torch.optim.AdamW(run.updater.params, lr=run.cfg.optim.lr)
+    params = run.updater.params
+    run.updater.optimizer = (parallel.adamw(params, run.cfg.optim.lr, 0.0) if fused
+                             else torch.optim.AdamW(params, lr=run.cfg.optim.lr))
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    run.updater.optimizer.step()
+    run.updater.optimizer.zero_grad(set_to_none=True)
     run.sample_seconds = 0.0
     torch.manual_seed(0)
     peak_rss_reset()
@@ -80,6 +89,20 @@ def update_once(run: Any, batch: Any, weights: dict[str, torch.Tensor], pack: bo
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": peak_rss_mb(), "forwarded": metrics["update_unique_tokens"],
             "row_tokens": metrics["update_row_tokens"], "ratio": metrics["update_unique_ratio"],
             "loss": float(metrics.get("pg_loss", float("nan")))}
+
+
+def sample_timed(run: Any, generator_state: torch.Tensor, decoder_bf16: bool) -> tuple[float, Any]:
+    """The run's first step sampled again from its start (same prompts, seed and generator stream),
+    by the fp32 forward or the bf16 decoder (``FastDecoder``); its seconds and batch."""
+    policy = run.engine.policy
+    policy.bf16 = decoder_bf16
+    policy._built_version = -1  # build (or drop) the bf16 decoder for these weights
+    policy.clear_cache()
+    policy.generator.set_state(generator_state)
+    run.state.data_position = 0
+    t0 = time.perf_counter()
+    batch = loop.sample(run)
+    return time.perf_counter() - t0, batch
 
 
 def bf16_agreement(run: Any, batch: Any) -> dict[str, float]:
@@ -173,22 +196,33 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = loop.setup(with_bf16(cfg, False), Path(tmp), Dist(), torch.device("cpu"))
-        t0 = time.perf_counter()
-        batch = loop.sample(run)
-        sample_s = time.perf_counter() - t0
+        fresh = run.engine.policy.generator.get_state()
+        sampled = {False: [], True: []} if bf16_units else {False: []}
+        for _ in range(args.reps):
+            for decoder_bf16 in sampled:
+                seconds, got = sample_timed(run, fresh, decoder_bf16)
+                sampled[decoder_bf16].append((seconds, got.budget.generated_tokens, got.budget.prefill_tokens))
+                if not decoder_bf16:
+                    batch = got  # every fp32 repeat samples this same batch: the update's
+        run.engine.policy.bf16 = False
+        sample_s = statistics.median(t for t, _, _ in sampled[False])
+        sample16_s = statistics.median(t for t, _, _ in sampled[True]) if bf16_units else sample_s
         bud = batch.budget
         weights = copy.deepcopy(run.model.state_dict())
         micro, mini = cfg.optim.micro_batch_size, cfg.optim.mini_batch_size
-        variants = {"per-row": (False, micro, True, False), "packed, [P,P] mask": (True, micro, False, False),
-                    "packed": (True, micro, True, False), f"packed, micro {mini}": (True, mini, True, False)}
+        # name: (pack, micro-batch, run attention, bf16, fused AdamW); "per-row" is the update before
+        # packing, bf16 and the fused AdamW: the step's baseline
+        variants = {"per-row": (False, micro, True, False, False), "per-row, fused AdamW": (False, micro, True, False, True),
+                    "packed, [P,P] mask": (True, micro, False, False, True), "packed": (True, micro, True, False, True),
+                    f"packed, micro {mini}": (True, mini, True, False, True)}
         if bf16_units:
-            variants["packed, bf16"] = (True, micro, True, True)
+            variants["packed, bf16"] = (True, micro, True, True, True)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
         for _ in range(args.reps):
-            for name, (pack, size, runs, bf16) in variants.items():
+            for name, (pack, size, runs, bf16, fused) in variants.items():
                 # the ancestor-mask variant is the packed update before run attention (packing.py)
                 logprobs.runs_supported = packing.runs_supported if runs else (lambda config: False)
-                rows[name].append(update_once(run, batch, weights, pack, size, bf16))
+                rows[name].append(update_once(run, batch, weights, pack, size, bf16, fused))
         logprobs.runs_supported = packing.runs_supported
         run.model.load_state_dict(weights)
         agreement = bf16_agreement(run, batch) if bf16_units else None
@@ -202,6 +236,12 @@ def main() -> None:
         hf_p, _ = policy_generate(run.engine.policy, contexts, 1)
         raw_p, _ = raw_generate(run.model, run.tokenizer, contexts, 1)
         context_tokens = sum(len(c) for c in contexts)
+        dec_s, dec_n, dec_p = 1.0, 0, 1.0
+        if bf16_units:
+            run.engine.policy.bf16, run.engine.policy._built_version = True, -1
+            dec_s, dec_n = policy_generate(run.engine.policy, contexts, args.new_tokens)
+            dec_p, _ = policy_generate(run.engine.policy, contexts, 1)
+            run.engine.policy.bf16, run.engine.policy._built_version = False, -1
 
     hidden = int(run.model.config.hidden_size)
     flops = {str(d).removeprefix("torch."): matmul_gflops(d, 256, hidden) for d in (torch.float32, torch.bfloat16)}
@@ -242,11 +282,19 @@ def main() -> None:
           f"which leaves {max(target - floor, 0):.1f} s for sampling (measured {sample_s:.1f} s)")
     if bf16_units:
         b16 = med["packed, bf16"]
-        print(f"\nbf16 autocast in the update (this CPU has bf16 matmul units; sampling stays fp32): packed update "
+        print(f"\nbf16 autocast in the update (this CPU has bf16 matmul units): packed update "
               f"{b16['seconds']:.1f} s against {new['seconds']:.1f} s fp32 ({new['seconds'] / b16['seconds']:.2f}x)")
         print(f"  step: per-row fp32 {sample_s + base['seconds']:.1f} s, packed fp32 {sample_s + new['seconds']:.1f} s, "
               f"packed bf16 {sample_s + b16['seconds']:.1f} s: {(sample_s + base['seconds']) / (sample_s + b16['seconds']):.2f}x "
               f"against per-row fp32, {(sample_s + new['seconds']) / (sample_s + b16['seconds']):.2f}x against packed fp32")
+        gen16 = statistics.median(n for _, n, _ in sampled[True])
+        print(f"\nsampling through the bf16 decoder (fast_decode.FastDecoder): {sample16_s:.1f} s against "
+              f"{sample_s:.1f} s fp32 ({sample_s / sample16_s:.2f}x; {gen16:.0f} generated tokens against "
+              f"{bud.generated_tokens}: the same prompts and seeds, other numerics)")
+        print(f"  THE STEP, side by side: {sample_s:.1f} + {base['seconds']:.1f} = {sample_s + base['seconds']:.1f} s "
+              f"(fp32 sampling, per-row update, foreach AdamW) -> {sample16_s:.1f} + {b16['seconds']:.1f} = "
+              f"{sample16_s + b16['seconds']:.1f} s (bf16 decoder, packed bf16 update, fused AdamW): "
+              f"{(sample_s + base['seconds']) / (sample16_s + b16['seconds']):.2f}x")
         print(f"  agreement on the batch's {agreement['tokens']} action tokens: log-prob |bf16 - fp32| mean "
               f"{agreement['logp_abs_diff_mean']:.4f} (max {agreement['logp_abs_diff_max']:.3f}); token NLL "
               f"{agreement['nll_fp32']:.4f} -> {agreement['nll_bf16']:.4f} ({agreement['nll_rel_diff']:.2%}); "
@@ -255,19 +303,24 @@ def main() -> None:
     print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s); prefill "
           f"{context_tokens / hf_p:.0f} tokens/s")
     if bf16_units:
+        print(f"  HFPolicy, bf16 decoder {dec_n / dec_s:7.1f} generated tokens/s ({dec_s:.1f} s); prefill "
+              f"{context_tokens / dec_p:.0f} tokens/s")
         print(f"  HFPolicy under bf16 autocast {hf16_n / hf16_s:7.1f} generated tokens/s ({hf16_s:.1f} s): why "
-              "sampling stays fp32 on a CPU (inference_mode keeps no cast weights)")
+              "the bf16 sampler is a decoder of its own (inference_mode keeps no cast weights)")
     print(f"  HF generate   {raw_n / raw_s:7.1f} generated tokens/s ({raw_s:.1f} s); prefill "
           f"{context_tokens / raw_p:.0f} tokens/s")
     print("  matmul roofline " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in flops.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "load_average": load, "model": model, "algo": cfg.algo, "sample_seconds": sample_s,
+            "sample_seconds_bf16_decoder": sample16_s if bf16_units else None, "sampled": {str(k): v for k, v in sampled.items()},
             "budget": dataclasses.asdict(bud), "update": rows, "update_median": med, "update_speedup": speedup, "update_cpu_speedup": cpu_speedup,
             "hf_policy_tokens_per_s": hf_n / hf_s, "hf_generate_tokens_per_s": raw_n / raw_s, "matmul_gflops": flops,
             "hf_policy_prefill_per_s": context_tokens / hf_p, "hf_generate_prefill_per_s": context_tokens / raw_p,
             "scored_tokens": scored, "threads": threads, "bf16_units": bf16_units, "bf16_agreement": agreement,
             "hf_policy_bf16_tokens_per_s": hf16_n / hf16_s if bf16_units else None,
+            "hf_policy_bf16_decoder_tokens_per_s": dec_n / dec_s if bf16_units else None,
+            "hf_policy_bf16_decoder_prefill_per_s": context_tokens / dec_p if bf16_units else None,
             "update_gflop": {k: update_gflop(run.model, v["forwarded"], scored) for k, v in med.items()},
         }, indent=2))
 

@@ -32,6 +32,7 @@ from treegym.stats import paired_difference
 from treegym.trainers.config import load_config
 from treegym.trainers.heldout import run_protocol
 from treegym.trainers.model import make_policy
+from treegym.trainers.parallel import decode_bf16
 from treegym.trainers.prompts import make_env
 from treegym.trainers.sft import run_sft
 
@@ -71,7 +72,8 @@ def main() -> None:
 
     def score_model(model, tok):
         with torch.no_grad():
-            batch = play_protocol(make_policy(model, tok, seed=args.seed), eval_env, prompts, protocol)
+            batch = play_protocol(make_policy(model, tok, seed=args.seed, bf16=decode_bf16(model.device, cfg.model_opts)),
+                                  eval_env, prompts, protocol)
         return heldout_from_batch(batch), batch
 
     rows = []

@@ -58,15 +58,36 @@ def test_the_environment_overrides_the_probe(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("setting,units,expected", [("on", False, True), ("off", True, False), ("auto", True, True),
                                                     ("auto", False, False)])
-def test_cpu_bf16_decides_the_updates_autocast_and_never_generations(monkeypatch: pytest.MonkeyPatch, setting: str,
+def test_cpu_bf16_decides_the_updates_autocast_and_the_cpu_decoder(monkeypatch: pytest.MonkeyPatch, setting: str,
                                                                  units: bool, expected: bool) -> None:
     monkeypatch.setenv("TREEGYM_CPU_BF16", "on" if units else "off")
     opts = ModelConfig(cpu_bf16=setting)
     assert parallel.train_bf16(CPU, opts) is expected
-    assert parallel.generate_bf16(CPU, opts) is False  # CPU figures stay the fp32 ones `treegym eval` replays
+    assert parallel.generate_bf16(CPU, opts) is False  # no CPU autocast in generation: it re-casts every step
+    assert parallel.decode_bf16(CPU, opts) is expected  # the CPU sampler's bf16 decoder follows the update
+    assert not parallel.decode_bf16(CUDA, opts)
     # on a GPU, model_opts.bf16 decides both, whatever cpu_bf16 says
     assert parallel.train_bf16(CUDA, opts) and parallel.generate_bf16(CUDA, opts)
     assert not parallel.train_bf16(CUDA, dataclasses.replace(opts, bf16=False))
+
+
+def test_the_optimizer_is_fused_adamw_for_plain_cpu_weights() -> None:
+    layer = torch.nn.Linear(4, 3)
+    opt = parallel.adamw(list(layer.parameters()), lr=1e-2, weight_decay=0.1)
+    assert opt.defaults["fused"] is True
+    reference = torch.optim.AdamW(torch.nn.Linear(4, 3).parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    twin = reference.param_groups[0]["params"]
+    with torch.no_grad():
+        for a, b in zip(twin, layer.parameters()):
+            a.copy_(b)
+    x = torch.randn(5, 4)
+    for optimizer, params in ((opt, list(layer.parameters())), (reference, twin)):
+        for _ in range(3):
+            optimizer.zero_grad()
+            (torch.nn.functional.linear(x, params[0], params[1]) ** 2).sum().backward()
+            optimizer.step()
+    for a, b in zip(twin, layer.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)  # the same AdamW, one pass per tensor
 
 
 def test_a_bad_cpu_bf16_value_is_a_clear_error() -> None:

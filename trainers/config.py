@@ -118,8 +118,9 @@ class ModelConfig:
     lora_alpha: int = opt(32, "LoRA alpha")
     device: str = opt("auto", "cpu, cuda, cuda:N, or auto (GPU when there is one)")
     bf16: bool = opt(True, "bf16 autocast on GPU (ignored on CPU: see cpu_bf16)")
-    cpu_bf16: str = opt("auto", "bf16 autocast for the update on a CPU (weights, AdamW, sampling and held-out "
-                        "evaluation stay fp32): on, off, or auto (on where the CPU has bf16 matmul units, "
+    cpu_bf16: str = opt("auto", "bf16 on a CPU: the update under bf16 autocast (weights and AdamW stay fp32), and "
+                        "sampling and held-out evaluation through the bf16 decoder: on, off, or auto (on where "
+                        "the CPU has bf16 matmul units, "
                         "AMX or AVX512-BF16; TREEGYM_CPU_BF16=on/off overrides the probe)", ["auto", "on", "off"])
     gradient_checkpointing: str = opt("auto", "recompute activations in backward: on, off, or auto (on for models "
                                       "of 2B+ parameters on a GPU)", ["auto", "on", "off"])

@@ -106,7 +106,8 @@ def build(cfg: TrainConfig, backend: str, model: nn.Module, tokenizer: Any, seed
 
         on_gpu = next(model.parameters()).device.type == "cuda"
         return Engine(VLLMPolicy(cfg.model, seed=seed, **vllm_engine_kwargs(cfg, on_gpu)), "vllm")
+    bf16 = parallel.decode_bf16(next(model.parameters()).device, cfg.model_opts)
     if sharded_later:
         replica = copy.deepcopy(model).eval()  # only ever run without grad; trainable flags kept for the digest
-        return Engine(make_policy(replica, tokenizer, seed=seed), "hf", replica)
-    return Engine(make_policy(model, tokenizer, seed=seed), "hf")
+        return Engine(make_policy(replica, tokenizer, seed=seed, bf16=bf16), "hf", replica)
+    return Engine(make_policy(model, tokenizer, seed=seed, bf16=bf16), "hf")

@@ -110,7 +110,7 @@ def before_memo_path(cfg: TrainConfig, split: str, weights: str | None, backend:
     if weights is None:
         return None
     key = {"version": MEMO_VERSION, "seal": weights, "protocol": asdict(run_protocol(cfg, split=split)),
-           "backend": backend, "lora": cfg.model_opts.lora, "bf16": parallel.generate_bf16(device, cfg.model_opts), "device": device.type,
+           "backend": backend, "lora": cfg.model_opts.lora, "bf16": parallel.generate_bf16(device, cfg.model_opts) or parallel.decode_bf16(device, cfg.model_opts), "device": device.type,
            "code": code_digest()}
     name = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
     return cache_dir("heldout-memo") / f"{name}.json"

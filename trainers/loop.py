@@ -206,7 +206,7 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     scorer = TokenScorer(model)
     trainer = parallel.wrap(scorer, cfg.model_opts.parallel, dist.world, device)
     params = [p for p in model.parameters() if p.requires_grad]  # FSDP: the shards
-    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    optimizer = parallel.adamw(params, cfg.optim.lr, cfg.optim.weight_decay)
     updater = upd.Update(trainer, optimizer, params, algo.loss, algo.loss_options(cfg), cfg, dist, device)
     generators = policy_generators(engine.policy)  # checkpoints restore their streams
     env = make_env(cfg, cfg.run.train_split)
@@ -225,8 +225,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
               progress=progress, engine=engine, sharded=sharded,
               also_env=make_env(cfg, cfg.run.also_eval_split) if cfg.run.eval_n and cfg.run.also_eval_split else None)
     if dist.main and device.type == "cpu" and parallel.train_bf16(device, cfg.model_opts):
-        print("update under bf16 autocast (this CPU has bf16 matmul units; weights, AdamW, sampling and "
-              "evaluation stay fp32; --model_opts.cpu_bf16=off for fp32 throughout)")
+        print("bf16 on this CPU (it has bf16 matmul units): the update under autocast, sampling and evaluation "
+              "through the bf16 decoder; weights and AdamW stay fp32; --model_opts.cpu_bf16=off for fp32 throughout")
     if dist.main and cfg.run.eval_n:  # what `treegym eval --agent RUN/final` replays
         run_protocol(cfg).write(folder)
     if "em_before" in state.extra:  # a checkpoint written before success had its own name

@@ -80,14 +80,15 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module | None:
     return ref.eval()
 
 
-def make_policy(model: torch.nn.Module, tokenizer: Any, seed: int) -> Any:
+def make_policy(model: torch.nn.Module, tokenizer: Any, seed: int, bf16: bool = False) -> Any:
     """The sampling policy over the *same* model object, so it always samples current weights.
 
-    Its prefix KV store must be cleared after every update (``policy.clear_cache()``).
+    Its prefix KV store must be cleared after every update (``policy.clear_cache()``). ``bf16``: on a
+    CPU, sample through the bf16 decoder (``trainers.parallel.decode_bf16`` decides it for a run).
     """
     from treegym.agents.hf_policy import HFPolicy
 
-    return HFPolicy(base_model(model), tokenizer, seed=seed)
+    return HFPolicy(base_model(model), tokenizer, seed=seed, bf16=bf16)
 
 
 def policy_generators(policy: Any) -> dict[str, torch.Generator]:

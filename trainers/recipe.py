@@ -32,6 +32,7 @@ from treegym.agents.rollout.scoring import HeldOut
 from treegym.envs.registry import FAMILIES, family, resolve_split, score_name
 from treegym.errors import ConfigError
 from treegym.paths import cache_dir, discard, folder_problem, seal_folder
+from treegym.trainers import parallel
 from treegym.trainers.config import SFTConfig, TrainConfig, validate
 from treegym.trainers.heldout import (
     before_memo_path,
@@ -132,7 +133,8 @@ def warm_start(cfg: TrainConfig, progress: bool = True, log: Any = print) -> War
 
         def score_untrained() -> HeldOut | None:
             model, tokenizer = load_model(cfg.model, device=str(device), dtype=torch.float32)
-            return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), make_env(cfg, cfg.run.eval_split),
+            return evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed, bf16=parallel.decode_bf16(device, cfg.model_opts)),
+                                   make_env(cfg, cfg.run.eval_split),
                                    cfg, device, progress=progress)
 
         memo = before_memo_path(cfg, cfg.run.eval_split, memo_weights(cfg, resolve_model_folder(cfg.model)), "hf", device)

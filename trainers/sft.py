@@ -101,7 +101,7 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
         raise ConfigError("no examples to train on")
     params = [p for p in model.parameters() if p.requires_grad]
     scorer = TokenScorer(model)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = parallel.adamw(params, cfg.lr, cfg.weight_decay)
     total_steps = math.ceil(len(examples) / cfg.batch_size) * cfg.epochs
     warmup = int(cfg.warmup * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
@@ -218,7 +218,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
     eval_env = make_env(cfg, cfg.run.eval_split) if cfg.run.eval_n else None
 
     def score(phase: str) -> HeldOut | None:  # greedy, by a fresh policy over the current weights
-        got = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed), eval_env, cfg, device, temperature=0.0)
+        got = evaluate_policy(make_policy(model, tokenizer, seed=cfg.seed, bf16=parallel.decode_bf16(device, cfg.model_opts)),
+                              eval_env, cfg, device, temperature=0.0)
         if got is not None:
             log(f"sft: {phase}: success {got.success_rate:.3f}, well-formed actions {got.mean('well_formed'):.3f} "
                 f"({got.n} {cfg.run.eval_split} prompts)")
