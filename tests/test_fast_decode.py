@@ -197,3 +197,30 @@ def test_fast_decoder_follows_weight_updates_and_lora_adapters(smollm2, contexts
         logits = lora(torch.tensor([rows[0]])).logits[0, -1]
     assert after.logprobs[0] == pytest.approx(torch.log_softmax(logits, -1)[after.token_ids[0]].item(), abs=1e-4)
     assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-4)
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_sampler_sees_the_trainers_fused_adamw_step(bf16):
+    """The trainer's AdamW is fused; that kernel writes weights without bumping their version counters,
+    which is how the sampler knows its stored prefix KV and fused weights are stale. After a step the
+    sampler's log-probs must be the new weights' (it once kept sampling the old ones: nothing learned)."""
+    from treegym.trainers import parallel
+
+    model = _tiny("llama", seed=2)
+    opt = parallel.adamw([p for p in model.parameters() if p.requires_grad], lr=0.05, weight_decay=0.0)
+    assert opt.defaults["fused"] is True
+    policy = HFPolicy(model, _ByteTokenizer(), bf16=bf16)
+    policy.fast_dtype = torch.float32
+    row = [5, 17, 33, 2, 9, 41]
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, stop=())
+    before = policy.generate([row], params)[0]  # stores the row's prefix KV
+    model.train()
+    loss = model(torch.tensor([row + [11]]), labels=torch.tensor([row + [11]])).loss
+    loss.backward()
+    opt.step()
+    model.eval()
+    after = policy.generate([row], params)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([row])).logits[0, -1]
+    assert after.logprobs[0] == pytest.approx(torch.log_softmax(logits, -1)[after.token_ids[0]].item(), abs=1e-4)
+    assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-3)

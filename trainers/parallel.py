@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 from torch import nn
+from torch.autograd.graph import increment_version
 
 from treegym.agents.fast_decode import cpu_has_bf16
 from treegym.errors import ConfigError
@@ -107,6 +108,21 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class _AdamW(torch.optim.AdamW):
+    """AdamW whose step bumps each updated weight's version counter, as in-place ops do.
+
+    The fused kernel writes the weights without bumping it, and samplers read the counters to tell
+    whether their stored prefix KV and packed weights came from these weights (``HFPolicy``): with
+    the plain fused kernel they sampled from stale weights after every update, and nothing learned."""
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        if self.defaults.get("fused"):
+            with torch.no_grad():
+                increment_version([p for group in self.param_groups for p in group["params"] if p.grad is not None])
+        return loss
+
+
 def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW, fused where every parameter is a plain CPU or CUDA tensor (not an FSDP shard).
 
@@ -115,7 +131,7 @@ def adamw(params: Sequence[nn.Parameter], lr: float, weight_decay: float) -> tor
     SmolLM2's 135M weights (3.7 s the first), the fused one 0.09 s (``benchmarks/bench_rl_step.py``).
     The update is the same algorithm; only float summation order can differ."""
     plain = all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=bool(plain and params) or None)
+    return _AdamW(params, lr=lr, weight_decay=weight_decay, fused=bool(plain and params) or None)
 
 
 def train_bf16(device: torch.device, opts: Any) -> bool:
