@@ -41,7 +41,7 @@ import torch
 
 from treegym.errors import TreegymError
 from treegym.trainers import logprobs, loop, packing, parallel
-from treegym.trainers.config import load_config
+from treegym.trainers.config import OptimConfig, load_config
 from treegym.trainers.parallel import Dist
 
 
@@ -209,12 +209,17 @@ def main() -> None:
         sample16_s = statistics.median(t for t, _, _ in sampled[True]) if bf16_units else sample_s
         bud = batch.budget
         weights = copy.deepcopy(run.model.state_dict())
-        micro, mini = cfg.optim.micro_batch_size, cfg.optim.mini_batch_size
+        # The baseline runs at the trainer's own micro-batch (4 rows), the one every family used before
+        # the packed update; the run's micro-batch (the family's: TreeSearchQA forwards its whole
+        # mini-batch at once, which packing affords) is what the new step uses.
+        micro, base_micro = cfg.optim.micro_batch_size, OptimConfig().micro_batch_size
         # name: (pack, micro-batch, run attention, bf16, fused AdamW); "per-row" is the update before
         # packing, bf16 and the fused AdamW: the step's baseline
-        variants = {"per-row": (False, micro, True, False, False), "per-row, fused AdamW": (False, micro, True, False, True),
-                    "packed, [P,P] mask": (True, micro, False, False, True), "packed": (True, micro, True, False, True),
-                    f"packed, micro {mini}": (True, mini, True, False, True)}
+        variants = {"per-row": (False, base_micro, True, False, False),
+                    "per-row, fused AdamW": (False, base_micro, True, False, True),
+                    "packed, [P,P] mask": (True, base_micro, False, False, True), "packed": (True, base_micro, True, False, True)}
+        if micro != base_micro:
+            variants[f"packed, micro {micro}"] = (True, micro, True, False, True)
         if bf16_units:
             variants["packed, bf16"] = (True, micro, True, True, True)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
@@ -254,7 +259,7 @@ def main() -> None:
     achieved = 2 * n_params * (bud.generated_tokens + bud.prefill_tokens) / sample_s / 1e9
     print(f"  that is about {achieved:.0f} GFLOP/s of model compute (2 x {n_params / 1e6:.0f}M parameters per "
           f"prefilled or generated token): {achieved / flops['float32']:.0%} of the fp32 matmul roofline below")
-    print(f"\nupdate on the same batch (micro-batch {micro} rows unless said), median of {args.reps}:")
+    print(f"\nupdate on the same batch (micro-batch {base_micro} rows unless said; the run's own is {micro}), median of {args.reps}:")
     print(f"{'':22}{'seconds':>9}{'CPU s':>8}{'forwarded':>11}{'row tokens':>12}{'unique/total':>14}"
           f"{'peak RSS MB':>13}")
     for name, m in med.items():
@@ -292,8 +297,8 @@ def main() -> None:
               f"{sample_s:.1f} s fp32 ({sample_s / sample16_s:.2f}x; {gen16:.0f} generated tokens against "
               f"{bud.generated_tokens}: the same prompts and seeds, other numerics)")
         print(f"  THE STEP, side by side: {sample_s:.1f} + {base['seconds']:.1f} = {sample_s + base['seconds']:.1f} s "
-              f"(fp32 sampling, per-row update, foreach AdamW) -> {sample16_s:.1f} + {b16['seconds']:.1f} = "
-              f"{sample16_s + b16['seconds']:.1f} s (bf16 decoder, packed bf16 update, fused AdamW): "
+              f"(fp32 sampling, per-row update at micro-batch {base_micro}, foreach AdamW) -> {sample16_s:.1f} + {b16['seconds']:.1f} = "
+              f"{sample16_s + b16['seconds']:.1f} s (bf16 decoder, packed bf16 update at micro-batch {micro}, fused AdamW): "
               f"{(sample_s + base['seconds']) / (sample16_s + b16['seconds']):.2f}x")
         print(f"  agreement on the batch's {agreement['tokens']} action tokens: log-prob |bf16 - fp32| mean "
               f"{agreement['logp_abs_diff_mean']:.4f} (max {agreement['logp_abs_diff_max']:.3f}); token NLL "

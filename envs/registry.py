@@ -53,6 +53,7 @@ class Family:
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
     sft_micro_batch_size: int | None = None  # SFT episodes per forward, where it differs from micro_batch_size
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
+    eval_n: int | None = None  # train's run.eval_n: held-out prompts scored before and after, where the run affords more
     distinct_actions: bool | None = None  # train's sampler.distinct_actions: siblings at a fork make different moves
     algo: str | None = None  # train's algorithm on defaults: the one that learns on this family, measured
     temperature: float | None = None  # train's sampler.temperature: where the warm start's rollouts still succeed and differ
