@@ -13,8 +13,9 @@ weight at every step (half the speed). ``FastDecoder`` casts once, per weights v
 - in bf16 (``dtype``): half the bytes to read, on the bf16 units of CPUs that have them;
 - a decode step's attention (one query a row) is two small products, not SDPA's masked kernel.
 
-Everything else stays fp32 as under autocast: the residual stream, RMSNorm, RoPE (the model's own
-rotary module, so its scaling variants hold), softmax, and the KV cache (``HFPolicy``'s prefix store
+As under autocast, the SiLU gating takes the bf16 outputs of its matmul and a prefill's attention
+runs SDPA in bf16; everything else stays fp32: the residual stream, RMSNorm, RoPE (the model's own
+rotary module, so its scaling variants hold), a decode step's softmax, and the KV cache (``HFPolicy``'s prefix store
 and ``ReservedLayer`` keep working unchanged). With ``dtype=torch.float32`` it computes the model's
 own forward to float rounding, which is how the tests check it; in bf16 it is the model under bf16
 matmuls, the same numerics as the trainer's bf16 update (``trainers.parallel.train_bf16``). The
@@ -56,11 +57,13 @@ def _packed_ops() -> bool:
 
 
 class _Linear:
-    """``x @ W.T (+ b)`` with ``W`` cast to ``dtype`` (and packed for oneDNN where it can be); fp32 in
-    and out. The bias is added in fp32."""
+    """``x @ W.T (+ b)`` with ``W`` cast to ``dtype`` (and packed for oneDNN where it can be); in fp32 or
+    ``dtype``, out in fp32 (``out_float``, the bias added in fp32) or in ``dtype`` as autocast leaves a
+    matmul's output (one cast fewer where the next op takes it as it is)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, packed: bool) -> None:
-        self.dtype = dtype
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, packed: bool,
+                 out_float: bool = True) -> None:
+        self.dtype, self.out_float = dtype, out_float or bias is not None
         w = weight.detach().to(dtype).contiguous()
         self.packed = packed and dtype == torch.bfloat16
         self.weight = torch.ops.mkldnn._reorder_linear_weight(w, 1) if self.packed else w
@@ -72,6 +75,8 @@ class _Linear:
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         else:
             y = F.linear(x, self.weight)
+        if not self.out_float:
+            return y
         y = y.float()
         return y if self.bias is None else y + self.bias
 
@@ -92,7 +97,7 @@ def _weight(module: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return weight, base.bias
 
 
-def _fused(modules: list[Any], dtype: torch.dtype, packed: bool) -> _Linear | None:
+def _fused(modules: list[Any], dtype: torch.dtype, packed: bool, out_float: bool = True) -> _Linear | None:
     parts = [_weight(m) for m in modules]
     if any(p is None for p in parts):
         return None
@@ -101,7 +106,7 @@ def _fused(modules: list[Any], dtype: torch.dtype, packed: bool) -> _Linear | No
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    return _Linear(torch.cat(weights, dim=0), bias, dtype, packed)
+    return _Linear(torch.cat(weights, dim=0), bias, dtype, packed, out_float)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -117,9 +122,11 @@ class _Layer:
     def __init__(self, layer: Any, dtype: torch.dtype, packed: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], dtype, packed)
-        self.o = _fused([attn.o_proj], dtype, packed)
-        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], dtype, packed)
-        self.down = _fused([mlp.down_proj], dtype, packed)
+        # o, gate/up and down hand on their matmul's own dtype, as under autocast: the residual add
+        # promotes to fp32 and SiLU-gating runs in bf16 (qkv stays fp32: RoPE and the fp32 KV cache take it)
+        self.o = _fused([attn.o_proj], dtype, packed, out_float=False)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], dtype, packed, out_float=False)
+        self.down = _fused([mlp.down_proj], dtype, packed, out_float=False)
         self.norm_in = layer.input_layernorm.weight.detach().float()
         self.norm_post = layer.post_attention_layernorm.weight.detach().float()
         self.eps_in = layer.input_layernorm.variance_epsilon
@@ -190,8 +197,9 @@ class FastDecoder:
             scores = scores.masked_fill(~allowed[:, :, 0, None, :], float("-inf"))
             out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, KV, G, D]
             return out.reshape(size, 1, self.heads * self.head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scaling,
-                                             enable_gqa=self.kv_heads != self.heads)
+        # a prefill's attention in the decoder's dtype, as autocast runs SDPA (bf16: about 2x faster here)
+        out = F.scaled_dot_product_attention(q.to(self.dtype), k.to(self.dtype), v.to(self.dtype), attn_mask=allowed,
+                                             scale=self.scaling, enable_gqa=self.kv_heads != self.heads)
         return out.transpose(1, 2).reshape(size, width, self.heads * self.head_dim)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: Any) -> torch.Tensor:

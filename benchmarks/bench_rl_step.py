@@ -180,14 +180,17 @@ def main() -> None:
 
     from treegym.trainers.recipe import warm_start_folder
 
-    overrides: list[tuple[str, str]] = [("run.eval_n", "0"), ("run.tensorboard", "false"), ("run.plots", "false"),
-                                        ("run.trees_html", "false")]
+    run_overrides: list[tuple[str, str]] = []
     if args.algo:
-        overrides.append(("algo", args.algo))
+        run_overrides.append(("algo", args.algo))
     if args.prompts:
-        overrides.append(("prompts_per_step", str(args.prompts)))
-    cfg = load_config(overrides=overrides)
-    model = args.model or (str(warm_start_folder(cfg)) if warm_start_folder(cfg).is_dir() else "smollm2")
+        run_overrides.append(("prompts_per_step", str(args.prompts)))
+    # the warm start is the main job's: its cache key holds the run's held-out settings, so it is looked
+    # up before the benchmark turns evaluation off
+    folder = warm_start_folder(load_config(overrides=run_overrides))
+    cfg = load_config(overrides=[*run_overrides, ("run.eval_n", "0"), ("run.tensorboard", "false"),
+                                 ("run.plots", "false"), ("run.trees_html", "false")])
+    model = args.model or (str(folder) if folder.is_dir() else "smollm2")
     cfg = dataclasses.replace(cfg, model=model)
     bf16_units = parallel.cpu_has_bf16() and not args.no_bf16
     load = os.getloadavg()

@@ -188,3 +188,80 @@ def test_a_sliding_window_model_is_packed_with_the_ancestor_mask() -> None:
     plain = Qwen2Config(num_hidden_layers=2)
     windowed = Qwen2Config(num_hidden_layers=2, use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert runs_supported(plain) and not runs_supported(windowed)
+
+
+def _shared_prefix_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four right-padded rows: a 12-token shared prompt, two pairs sharing a first turn, then apart."""
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(5, 50, (12,), generator=g).tolist()
+    turns = [torch.randint(5, 50, (6,), generator=g).tolist() for _ in range(2)]
+    tails = [torch.randint(5, 50, (n,), generator=g).tolist() for n in (4, 7, 3, 5)]
+    rows = [prompt + turns[i // 2] + tails[i] for i in range(4)]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return ids, attn, attn[:, 1:].clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_run_attention_fast_paths_equal_the_masked_kernel_forward_and_backward(dtype: torch.dtype,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # each run's queries over its row's keys three ways: the old per-run SDPA (gathered keys, repeated
+    # GQA heads, bool mask), and run_attention with masked runs through SDPA or through plain products
+    from torch.nn import functional as F
+
+    from treegym.trainers import packing
+
+    packed = pack_rows(*_shared_prefix_rows())
+    assert packed.runs[0].causal and not any(run.causal for run in packed.runs[1:])
+    assert all(len(run.segments) >= 2 for run in packed.runs[1:])  # keys are shared stretches plus own tokens
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, total = 6, 2, 8, packed.total
+    leaves = [torch.randn(1, h, total, dim, generator=g) for h in (heads, kv_heads, kv_heads)]
+
+    def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+        outs = [F.scaled_dot_product_attention(q[:, :, r.start:r.end], k[:, :, r.keys], v[:, :, r.keys], attn_mask=r.mask)
+                for r in packed.runs]
+        return torch.cat(outs, dim=2).transpose(1, 2)
+
+    def run(fn: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        q, k, v = (t.clone().requires_grad_() for t in leaves)
+        out = fn(q.to(dtype), k.to(dtype), v.to(dtype))
+        (out.float() * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        return out.detach().float(), [t.grad for t in (q, k, v)]
+
+    expected = run(reference)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    for bound in (0, 10**9):  # every masked run through SDPA, then every one through plain products
+        monkeypatch.setattr(packing, "MATH_ATTENTION_MAX", bound)
+        got = run(lambda q, k, v: packing.run_attention(None, q, k, v, None, tree_runs=packed.runs)[0])
+        torch.testing.assert_close(got[0], expected[0], **tol)
+        for a, b in zip(got[1], expected[1]):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_an_entropy_without_a_bonus_is_a_metric_outside_the_graph(tiny_model: Path) -> None:
+    cfg, algorithm, data, _ = _batch("grpo", tiny_model)
+    assert cfg.loss.entropy_coef == 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    rows = list(range(len(data.input_ids)))
+    ids, attn, tgt, mask, _, packed = upd.take(data, rows, torch.device("cpu"), True)
+    in_graph = TokenScorer(model)(ids, attn, tgt, mask, packed=packed)
+    metric = TokenScorer(model)(ids, attn, tgt, mask, packed=packed, entropy_grad=False)
+    assert in_graph[1].requires_grad and not metric[1].requires_grad and metric[0].requires_grad
+    torch.testing.assert_close(metric[1], in_graph[1].detach(), atol=0, rtol=0)
+    assert float(metric[1].sum()) > 0
+    # the update's gradients are those of the loss with the (zero) entropy term in the graph
+    with_term = _loss_and_grads(model, algorithm, cfg, data, pack=True)
+    model.zero_grad(set_to_none=True)
+    logp, entropy = TokenScorer(model)(ids, attn, tgt, mask, packed=packed, entropy_grad=False)
+    old = logp.detach() + 0.05 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1)) * mask
+    n = logp.shape[1]
+    loss, _ = upd.loss_step(algorithm.loss, algorithm.loss_options(cfg), cfg.loss, logp, entropy, old,
+                            data.extras["advantages"][:, :n], data.extras["weights"][:, :n], mask, old - 0.1)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert len(grads) == len(with_term[3])
+    for a, b in zip(grads, with_term[3]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

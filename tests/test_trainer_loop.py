@@ -204,7 +204,8 @@ class SwitchRecordingScorer(torch.nn.Module):
     def set_requires_gradient_sync(self, flag: bool) -> None:
         self.requires_sync = flag
 
-    def forward(self, ids: Any, attn: Any, targets: Any, mask: Any, with_entropy: bool = True, packed: Any = None) -> Any:
+    def forward(self, ids: Any, attn: Any, targets: Any, mask: Any, with_entropy: bool = True, packed: Any = None,
+                entropy_grad: bool = True) -> Any:
         logp = self.weight * mask.float() - 1.0
         logp.register_hook(lambda grad: self.sync_at_backward.append(self.requires_sync))
         return logp, torch.zeros_like(logp)

@@ -70,9 +70,12 @@ class TokenScorer(nn.Module):
         self.model = model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, targets: Tensor, mask: Tensor,
-                with_entropy: bool = True, packed: Packed | None = None) -> tuple[Tensor, Tensor]:
+                with_entropy: bool = True, packed: Packed | None = None,
+                entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
         """Per-position log-probs and entropies ``[B, T-1]``. Given ``packed`` (the same rows as
-        ``pack_rows`` packs them), the decoder runs once over the packed sequence instead."""
+        ``pack_rows`` packs them), the decoder runs once over the packed sequence instead. Without
+        ``entropy_grad`` the entropy is a metric, computed outside the graph: the backward skips its
+        three vocabulary-wide products (the loss has no entropy bonus)."""
         base = base_model(self.model)
         where = mask > 0
         if packed is not None:
@@ -85,7 +88,10 @@ class TokenScorer(nn.Module):
         logp_all = torch.log_softmax(logits, dim=-1)
         tgt = packed.tgt if packed is not None else targets[where]
         picked = logp_all.gather(-1, tgt[:, None]).squeeze(-1)
-        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        ent = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = -(logp_all.exp() * logp_all).sum(-1)
         if packed is not None:  # one value per distinct scored token: each row reads its own
             picked = picked[packed.index[where]]
             ent = None if ent is None else ent[packed.index[where]]

@@ -199,6 +199,8 @@ def setup(cfg: TrainConfig, folder: Path, dist: parallel.Dist, device: torch.dev
     backend = engines.resolve_backend(cfg, device, dist.world)
     sharded = dist.on and cfg.model_opts.parallel == "fsdp"
     parallel.seed_everything(cfg.seed * 1000 + dist.rank)
+    if device.type == "cpu":
+        parallel.keep_freed_memory()
     model, tokenizer = load_trainable_model(cfg, device)
     # The sampling engine and the KL reference see whole weights: built before any sharding.
     engine = engines.build(cfg, backend, model, tokenizer, seed=cfg.seed * 1000 + dist.rank, sharded_later=sharded)

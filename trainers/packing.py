@@ -42,9 +42,18 @@ class Run:
     end: int
     keys: Tensor  # [L] long
     mask: Tensor  # [end - start, L] bool: query i sees keys 0 .. L - (end - start) + i
+    # ``keys`` as contiguous packed ranges [a, b): a row's keys are a few stretches of the packed
+    # sequence (its shared prefix, then its own tokens), so slicing them beats a gather, whose
+    # backward is a scatter-add
+    segments: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def causal(self) -> bool:
+        """The run's keys are exactly its own queries: its mask is plain causal attention."""
+        return self.segments == ((self.start, self.end),)
 
     def to(self, device: torch.device) -> Run:
-        return Run(self.start, self.end, self.keys.to(device), self.mask.to(device))
+        return Run(self.start, self.end, self.keys.to(device), self.mask.to(device), self.segments)
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,21 @@ def _run(start: int, end: int, path: list[int]) -> Run:
     # A row's new tokens are its last ones: once it leaves the trie, every later token is new.
     n, length = end - start, len(path)
     mask = torch.arange(length)[None, :] <= (length - n + torch.arange(n))[:, None]
-    return Run(start, end, torch.tensor(path, dtype=torch.long), mask)
+    segments: list[tuple[int, int]] = []
+    for node in path:
+        if segments and segments[-1][1] == node:
+            segments[-1] = (segments[-1][0], node + 1)
+        else:
+            segments.append((node, node + 1))
+    return Run(start, end, torch.tensor(path, dtype=torch.long), mask, tuple(segments))
+
+
+def _gather(tensor: Tensor, run: Run) -> Tensor:
+    """``tensor[:, :, run.keys]`` (on dim 2), as slices where the keys are few contiguous ranges."""
+    if not run.segments or len(run.segments) > 8:
+        return tensor[:, :, run.keys]
+    parts = [tensor[:, :, a:b] for a, b in run.segments]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def ancestor_mask(parent: list[int]) -> Tensor:
@@ -142,6 +165,28 @@ def ancestor_mask(parent: list[int]) -> Tensor:
     return anc
 
 
+# A masked run at most this big (query heads x queries x keys) is attended by plain products
+# (``_math_attention``): on a CPU, SDPA's fused kernel with a mask is about 1.5x slower forward and
+# backward at a row's size (150 new tokens over 850 keys), and its scores stay small (6 MB at the bound; from
+# about 500 x 700 on, the fused kernel is the faster)
+MATH_ATTENTION_MAX = 1_500_000
+
+
+def _math_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Softmax attention of ``query`` ``[1, H, n, d]`` over ``key``/``value`` ``[1, H_kv, L, d]``
+    where ``mask`` ``[n, L]`` allows, as SDPA computes it; the softmax in fp32 whatever the inputs."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    n, length = mask.shape
+    dtype = torch.promote_types(query.dtype, key.dtype)
+    if torch.is_autocast_enabled(query.device.type):
+        dtype = torch.get_autocast_dtype(query.device.type)
+    q = (query * scale).to(dtype).reshape(1, kv_heads, (heads // kv_heads) * n, query.shape[-1])
+    scores = torch.matmul(q, key.to(dtype).transpose(-1, -2)).float()  # [1, KV, G * n, L]
+    scores = scores.view(1, kv_heads, heads // kv_heads, n, length).masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(dtype).view(1, kv_heads, (heads // kv_heads) * n, length)
+    return torch.matmul(probs, value.to(dtype)).view(1, heads, n, query.shape[-1])
+
+
 def run_attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                   dropout: float = 0.0, scaling: float | None = None, tree_runs: tuple[Run, ...] = (),
                   **kwargs: Any) -> tuple[Tensor, None]:
@@ -150,15 +195,19 @@ def run_attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attent
     ``[1, P, H, d]`` as transformers' SDPA function does."""
     if not tree_runs:
         raise RuntimeError(f"the {ATTENTION!r} attention needs tree_runs: it only runs a packed forward")
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    outs = [
-        F.scaled_dot_product_attention(query[:, :, run.start:run.end], key[:, :, run.keys], value[:, :, run.keys],
-                                       attn_mask=run.mask, dropout_p=dropout, scale=scaling)
-        for run in tree_runs
-    ]
+    # grouped-query attention (each key/value head serving several query heads) through SDPA's own
+    # GQA, not repeated key/value heads; a run whose keys are its own queries (the first row's) as
+    # plain causal attention, which skips the masked half of the products
+    gqa = query.shape[1] != key.shape[1]
+    outs = []
+    for run in tree_runs:
+        q, k, v = query[:, :, run.start:run.end], _gather(key, run), _gather(value, run)
+        if not run.causal and not dropout and q.shape[1] * run.mask.numel() <= MATH_ATTENTION_MAX:
+            outs.append(_math_attention(q, k, v, run.mask, q.shape[-1] ** -0.5 if scaling is None else scaling))
+        else:
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=None if run.causal else run.mask,
+                                                       is_causal=run.causal, dropout_p=dropout, scale=scaling,
+                                                       enable_gqa=gqa))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 

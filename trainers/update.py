@@ -35,7 +35,9 @@ def loss_step(loss_fn: Callable[..., LossOutput], loss_options: dict[str, Any], 
     The policy loss, minus the entropy bonus, plus the k3 KL to the reference when there is one.
     """
     out = loss_fn(logp, old_logp, advantages, mask, weights=weights, **loss_options)
-    loss = out.loss - lc.entropy_coef * aggregate(entropy, mask, lc.agg, lc.constant_normalizer)
+    loss = out.loss
+    if lc.entropy_coef:
+        loss = loss - lc.entropy_coef * aggregate(entropy, mask, lc.agg, lc.constant_normalizer)
     metrics = dict(out.metrics)
     if ref_logp is not None:
         kl = aggregate(kl_k3(logp, ref_logp), mask, lc.agg, lc.constant_normalizer)
@@ -99,7 +101,8 @@ def update(u: Update, data: PaddedBatch, old_logp: Tensor, ref_logp: Tensor | No
                 with parallel.grad_sync(u.trainer, sync or not dist.on):
                     with parallel.autocast(device, parallel.train_bf16(device, cfg.model_opts)):
                         ids, attn, tgt, mask, n, packed = take(data, rows, device, cfg.optim.pack)
-                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True, packed=packed)
+                        logp, entropy = u.trainer(ids, attn, tgt, mask, with_entropy=True, packed=packed,
+                                                  entropy_grad=cfg.loss.entropy_coef != 0)
                         if fresh and micro:
                             old_logp[micro, :n] = logp.detach().float().cpu()
                         loss, metrics = loss_step(
