@@ -41,7 +41,7 @@ def test_freed_memory_is_reused_without_new_page_faults() -> None:
     assert took and not left
     pages = 5 * 64 * 2**20 * 4 // 4096  # each reallocation of 256 MB touches this many fresh pages under default malloc
     assert default > pages // 2  # malloc hands the block back and the pages fault again
-    assert kept < pages // 20
+    assert kept <= pages // 4  # at most about one of the five faults its pages (where the heap first grows)
 
 
 def test_an_opt_out_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
