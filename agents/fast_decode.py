@@ -11,15 +11,19 @@ weight at every step (half the speed). ``FastDecoder`` casts once, per weights v
   product (four matmuls a layer, not seven), on weights reordered once for oneDNN
   (``mkldnn._linear_pointwise``; plain ``F.linear`` where that op is missing);
 - in bf16 (``dtype``): half the bytes to read, on the bf16 units of CPUs that have them;
-- a decode step's attention (one query a row) is two small products, not SDPA's masked kernel.
+- the KV cache in the decoder's dtype: a decode step reads every cached key and value once, so in
+  bf16 it reads half the bytes, through SDPA (which accumulates in fp32); in fp32 a decode step's
+  attention (one query a row) is two small products, faster there than SDPA's masked kernel.
 
 As under autocast, the SiLU gating takes the bf16 outputs of its matmul and a prefill's attention
 runs SDPA in bf16; everything else stays fp32: the residual stream, RMSNorm, RoPE (the model's own
-rotary module, so its scaling variants hold), a decode step's softmax, and the KV cache (``HFPolicy``'s prefix store
-and ``ReservedLayer`` keep working unchanged). With ``dtype=torch.float32`` it computes the model's
-own forward to float rounding, which is how the tests check it; in bf16 it is the model under bf16
-matmuls, the same numerics as the trainer's bf16 update (``trainers.parallel.train_bf16``). The
-log-probs a sampler records are those of the logits it sampled from.
+rotary module, so its scaling variants hold) and the softmax. ``HFPolicy``'s prefix store and
+``ReservedLayer`` keep the cache in whatever dtype it is given; the policy drops its stored
+prefixes whenever it changes between this decoder and the model's own forward. With
+``dtype=torch.float32`` it computes the model's own forward to float rounding, which is how the
+tests check it; in bf16 it is the model under bf16 matmuls and a bf16 cache, close to the trainer's
+bf16 update (``trainers.parallel.train_bf16``). The log-probs a sampler records are those of the
+logits it sampled from.
 
 ``FastDecoder.for_model`` returns None for any model it does not know exactly (it checks the
 architecture, not just the names), and the caller runs the model's own forward.
@@ -144,6 +148,7 @@ class FastDecoder:
         cfg = model.config
         decoder = model.get_decoder()
         self.dtype = dtype
+        self.kv_dtype = dtype  # the cache in the matmuls' dtype: a decode step reads every cached key once
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
@@ -190,7 +195,11 @@ class FastDecoder:
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """q ``[B, H, S, D]``, k and v ``[B, KV, L, D]``, ``allowed`` ``[B, 1, S, L]`` -> ``[B, S, H * D]``."""
         size, _, width, _ = q.shape
-        if width == 1:  # a decode step: two small products beat SDPA's masked kernel by a wide margin
+        if width == 1 and k.dtype == torch.bfloat16:  # a decode step on the bf16 cache: SDPA, fp32 inside
+            out = F.scaled_dot_product_attention(q.to(self.dtype), k, v, attn_mask=allowed, scale=self.scaling,
+                                                 enable_gqa=self.kv_heads != self.heads)
+            return out.reshape(size, 1, self.heads * self.head_dim)
+        if width == 1:  # a decode step in fp32: two small products beat SDPA's masked kernel there
             group = self.heads // self.kv_heads
             qg = q.reshape(size, self.kv_heads, group, self.head_dim)
             scores = torch.matmul(qg, k.transpose(-1, -2)) * self.scaling  # [B, KV, G, L]
@@ -216,7 +225,7 @@ class FastDecoder:
             q = qkv[..., :q_width].view(size, width, self.heads, self.head_dim).transpose(1, 2)
             k = qkv[..., q_width : q_width + kv_width].view(size, width, self.kv_heads, self.head_dim).transpose(1, 2)
             v = qkv[..., q_width + kv_width :].view(size, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = cache.update(_rotate(k, cos, sin), v.contiguous(), index)
+            keys, values = cache.update(_rotate(k, cos, sin).to(self.kv_dtype), v.to(self.kv_dtype).contiguous(), index)
             h = h + layer.o(self._attention(_rotate(q, cos, sin), keys, values, allowed))
             gate, up = layer.gate_up(_rms(h, layer.norm_post, layer.eps_post)).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up)

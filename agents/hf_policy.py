@@ -164,6 +164,7 @@ class HFPolicy:
                 self._fast = FastDecoder.for_model(self.model, self.fast_dtype) if self.bf16 else None
                 self._head = PackedHead.for_model(self.model) if self.packed_head and self._fast is None else None
                 self._built_version = version
+                self.prefix_cache.clear()  # the bf16 decoder stores bf16 KV: no prefix crosses a change of path
             if self.reuse_prefix:
                 # One entry per row must fit, or the LRU evicts rows of this very call and every
                 # next turn prefills its whole context again (household: 32 rows x 1,500 tokens

@@ -224,3 +224,47 @@ def test_the_sampler_sees_the_trainers_fused_adamw_step(bf16):
         logits = model(torch.tensor([row])).logits[0, -1]
     assert after.logprobs[0] == pytest.approx(torch.log_softmax(logits, -1)[after.token_ids[0]].item(), abs=1e-4)
     assert after.logprobs[0] != pytest.approx(before.logprobs[0], abs=1e-3)
+
+
+def test_bf16_decoder_keeps_a_bf16_cache_and_decodes_like_fp32_attention_over_it():
+    """The bf16 decoder stores keys and values in bf16; its decode step (SDPA on that cache) equals
+    fp32 attention over the same bf16 keys and values, to bf16 output rounding."""
+    from transformers import DynamicCache
+
+    model = _tiny("llama")
+    decoder = FastDecoder.for_model(model, dtype=torch.bfloat16)
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([[5, 17, 33, 2, 9, 41]])
+    decoder(ids, torch.arange(6)[None], _mask(torch.ones((1, 6), dtype=torch.bool), 0, 6), cache)
+    keys, values = cache.layers[0].keys, cache.layers[0].values
+    assert keys.dtype == values.dtype == torch.bfloat16
+    assert decoder._attention(torch.randn(1, 4, 1, 16), keys, values, torch.ones((1, 1, 1, 6), dtype=torch.bool)).dtype == torch.bfloat16
+
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 1, 16)
+    k, v = torch.randn(2, 2, 9, 16).to(torch.bfloat16), torch.randn(2, 2, 9, 16).to(torch.bfloat16)
+    allowed = torch.ones((2, 1, 1, 9), dtype=torch.bool)
+    allowed[1, ..., :4] = False  # the second row's left padding
+    got = decoder._attention(q, k, v, allowed).float()
+    qg = q.to(torch.bfloat16).float().reshape(2, 2, 2, 16)
+    scores = (qg @ k.float().transpose(-1, -2)) * decoder.scaling
+    scores = scores.masked_fill(~allowed[:, :, 0, None, :], float("-inf"))
+    want = (torch.softmax(scores, -1) @ v.float()).reshape(2, 1, 64)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert (got - want).abs().max() < 0.02 and not torch.equal(got[1], decoder._attention(
+        q, k, v, torch.ones((2, 1, 1, 9), dtype=torch.bool)).float()[1])  # the mask is applied
+
+
+def test_policy_drops_bf16_prefixes_when_it_switches_to_the_fp32_forward(smollm2, contexts):
+    """Prefix KV stored by the bf16 decoder is never read by the model's own fp32 forward: after a
+    switch the policy's greedy tokens and log-probs are those of a fresh fp32 policy."""
+    model, tok = smollm2
+    policy = HFPolicy(model, tok, bf16=True)
+    policy.generate(contexts, GREEDY)
+    assert len(policy.prefix_cache) > 0
+    policy.bf16, policy._built_version = False, -1
+    switched = policy.generate(contexts, GREEDY)
+    fresh = HFPolicy(model, tok, bf16=False).generate(contexts, GREEDY)
+    for a, b in zip(switched, fresh):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
