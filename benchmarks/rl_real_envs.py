@@ -14,7 +14,10 @@ wall time (``curves.png``).
     python benchmarks/rl_real_envs.py --quick        # 2 methods, 1 seed, a small budget: the pipeline
 
 Give each method its own tuned learning rate with ``--lr grpo=5e-6 tree-grpo=2e-6``.
-Runs that finished are read back, not rerun, so an interrupted benchmark resumes. Extra
+Runs that finished are read back, not rerun, so an interrupted benchmark resumes. ``--jobs 2``
+runs two ``treegym train`` processes side by side, each on its share of the cores
+(``OMP_NUM_THREADS``), with a log per run in ``--out``; every run records the load average at
+its start and end beside its wall time. Extra
 ``--field=value`` arguments reach every run (for example ``--optim.lr=1e-5``); tune each method's
 learning rate with the same effort on seeds you do not report.
 """
@@ -24,7 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,22 +71,80 @@ def method_lrs(pairs: list[str]) -> dict[str, float]:
     return out
 
 
-def run_once(env: str, model: str, method: str, seed: int, args: argparse.Namespace, rest: list[str],
-             out: Path) -> dict[str, Any]:
-    name = f"{method}-seed-{seed}"
-    folder = out / name
-    if not (folder / "phases.json").exists():
-        t0 = time.perf_counter()
-        code = treegym_main(["train", "--env", env, "--model", model, "--seed", str(seed), "--out", str(out),
-                             "--name", name, "--no-progress", *config_args(method, args, rest)])
-        if code:
-            raise SystemExit(f"{name} failed (exit {code}); its log is in {folder}")
-        (folder / "wall.json").write_text(json.dumps({"seconds": time.perf_counter() - t0}))
+def run_name(method: str, seed: int) -> str:
+    return f"{method}-seed-{seed}"
+
+
+def train_argv(env: str, model: str, method: str, seed: int, args: argparse.Namespace, rest: list[str],
+               out: Path) -> list[str]:
+    """The ``treegym train`` arguments of one run."""
+    return ["train", "--env", env, "--model", model, "--seed", str(seed), "--out", str(out),
+            "--name", run_name(method, seed), "--no-progress", *config_args(method, args, rest)]
+
+
+def load_now() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def train_once(argv: list[str], folder: Path, threads: int = 0) -> str:
+    """Run one ``treegym train`` and record its wall time and the load at its start and end in
+    ``wall.json``; in this process, or (``threads`` > 0) as a child process on that many threads with
+    its output in ``FOLDER.log``. An error message, or "" when it finished."""
+    load0, t0 = load_now(), time.perf_counter()
+    if threads:
+        log = folder.with_suffix(".log")
+        with log.open("w") as fh:
+            code = subprocess.run([sys.executable, "-c", "import sys; from treegym.cli import main; sys.exit(main(sys.argv[1:]))",
+                                   *argv], stdout=fh, stderr=subprocess.STDOUT, check=False,
+                                  env={**os.environ, "OMP_NUM_THREADS": str(threads)}).returncode
+        where = f"its output is in {log}"
+    else:
+        code = treegym_main(argv)
+        where = f"its log is in {folder}"
+    if code:
+        return f"{folder.name} failed (exit {code}); {where}"
+    wall = {"seconds": time.perf_counter() - t0, "load_start": load0, "load_end": load_now(), "threads": threads or None}
+    (folder / "wall.json").write_text(json.dumps(wall))
+    print(f"{folder.name}: finished in {wall['seconds']:.0f} s (load {load0:.2f} -> {wall['load_end']:.2f})", flush=True)
+    return ""
+
+
+def run_pending(env: str, model: str, runs: list[tuple[str, int]], args: argparse.Namespace, rest: list[str],
+                out: Path) -> None:
+    """Train every (method, seed) in ``runs`` that has no ``phases.json`` yet, ``args.jobs`` at a time."""
+    todo = [(m, s) for m, s in runs if not (out / run_name(m, s) / "phases.json").exists()]
+    if not todo:
+        return
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0
+
+    def one(run: tuple[str, int]) -> str:
+        method, seed = run
+        return train_once(train_argv(env, model, method, seed, args, rest, out), out / run_name(method, seed), threads)
+
+    if threads:
+        print(f"{len(todo)} runs, {args.jobs} at a time on {threads} thread(s) each", flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            failures = [f for f in pool.map(one, todo) if f]
+    else:
+        failures = []
+        for run in todo:
+            failure = one(run)
+            if failure:
+                failures.append(failure)
+                break
+    if failures:
+        raise SystemExit("\n".join(failures))
+
+
+def read_run(method: str, seed: int, out: Path) -> dict[str, Any]:
+    """One finished run's row: its RL-phase gain, EM after, wall time (and load), tokens, steps."""
+    folder = out / run_name(method, seed)
     phases = json.loads((folder / "phases.json").read_text())
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    wall = json.loads((folder / "wall.json").read_text())
     return {"method": method, "seed": seed, "gain": rl_phase_gain(phases),
-            "after_rl": phases["phases"]["after RL"]["success"][0],
-            "seconds": json.loads((folder / "wall.json").read_text())["seconds"],
+            "after_rl": phases["phases"]["after RL"]["success"][0], "seconds": wall["seconds"],
+            "load": [wall.get("load_start"), wall.get("load_end")],
             "tokens": max((m.get("tokens_total", 0) for m in metrics), default=0),
             "steps": max((m.get("step", 0) for m in metrics), default=0), "metrics": metrics}
 
@@ -147,9 +211,13 @@ def main() -> None:
     ap.add_argument("--lr", nargs="+", default=[], metavar="METHOD=LR",
                     help="a method's own tuned learning rate (e.g. grpo=5e-6 tree-grpo=2e-6); over --optim.lr")
     ap.add_argument("--out", default="runs/rl-real-envs")
+    ap.add_argument("--jobs", type=int, default=1, help="runs side by side, each a process on its share of the "
+                    "cores (default 1: one run at a time, in this process)")
     ap.add_argument("--quick", action="store_true", help="grpo and tree-grpo, seed 0, 1,500 tokens, 16 prompts")
     args, rest = ap.parse_known_args()
     args.lr = method_lrs(args.lr)
+    if args.jobs < 1:
+        raise SystemExit(f"rl_real_envs: --jobs {args.jobs}: give at least 1")
     if args.quick:
         args.methods, args.seeds, args.budget, args.eval_n, args.eval_every = ["grpo", "tree-grpo"], [0], 1500, 16, 0
     # every run's fields are checked before the warm start, so a typo costs seconds, not a warm start
@@ -165,13 +233,12 @@ def main() -> None:
     load = os.getloadavg()
     print(f"{args.env} from {ws.folder}: {len(args.methods)} methods x {len(args.seeds)} seeds, {args.budget} tokens "
           f"per run, {args.eval_n} held-out prompts; load average {load[0]:.2f}", flush=True)
-    rows = []
-    for seed in args.seeds:
-        for method in args.methods:
-            row = run_once(args.env, str(ws.folder), method, seed, args, rest, out)
-            rows.append(row)
-            print(f"{method:>12} seed {seed}: RL gain {100 * row['gain']:+.1f} pts, EM after {100 * row['after_rl']:.1f}%, "
-                  f"{row['steps']} steps, {row['tokens']} tokens, {row['seconds']:.0f} s", flush=True)
+    runs = [(method, seed) for seed in args.seeds for method in args.methods]
+    run_pending(args.env, str(ws.folder), runs, args, rest, out)
+    rows = [read_run(method, seed, out) for method, seed in runs]
+    for row in rows:
+        print(f"{row['method']:>12} seed {row['seed']}: RL gain {100 * row['gain']:+.1f} pts, EM after "
+              f"{100 * row['after_rl']:.1f}%, {row['steps']} steps, {row['tokens']} tokens, {row['seconds']:.0f} s", flush=True)
     report = summarise(rows, args.methods)
     for m, e in report.items():
         g = e["gain"]

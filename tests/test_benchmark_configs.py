@@ -46,3 +46,25 @@ def test_a_misspelt_field_is_refused_before_any_run() -> None:
     args = argparse.Namespace(steps=1, budget=1, eval_n=1, eval_every=0, lr={})
     with pytest.raises(ConfigError, match="run.token_budget"):
         load_config(None, parse_overrides(bench.config_args("grpo", args, ["--run.token_budget=5"])))
+
+
+def test_a_side_by_side_run_that_fails_says_which_and_where_its_output_is(tmp_path: Path) -> None:
+    bench = _module("rl_real_envs")
+    folder = tmp_path / "grpo-seed-0"
+    message = bench.train_once(["train", "--out", str(tmp_path), "--name", folder.name, "--run.token_budget=5"],
+                               folder, threads=1)
+    assert message.startswith("grpo-seed-0 failed (exit ") and str(folder.with_suffix(".log")) in message
+    assert "run.token_budget" in folder.with_suffix(".log").read_text()
+    assert not (folder / "wall.json").exists()
+
+
+def test_finished_runs_are_read_back_not_rerun(tmp_path: Path) -> None:
+    bench = _module("rl_real_envs")
+    args = argparse.Namespace(steps=1, budget=1, eval_n=1, eval_every=0, lr={}, jobs=2)
+    for method in ("grpo", "tree-grpo"):
+        (tmp_path / bench.run_name(method, 0)).mkdir()
+        (tmp_path / bench.run_name(method, 0) / "phases.json").write_text("{}")
+    # a run started here would fail (there is no such model) and raise SystemExit
+    bench.run_pending("TreeSearchQA-v0", str(tmp_path / "no-model"), [("grpo", 0), ("tree-grpo", 0)], args, [], tmp_path)
+    with pytest.raises(SystemExit, match="treeopsd-seed-0 failed"):
+        bench.run_pending("TreeSearchQA-v0", str(tmp_path / "no-model"), [("grpo", 0), ("treeopsd", 0)], args, [], tmp_path)
