@@ -47,6 +47,8 @@ METHODS: dict[str, list[str]] = {
     "tree-grpo": ["--algo=tree-grpo"],
     "treeopsd": ["--algo=treeopsd"],
     "fork+moves": ["--algo=tree-grpo", "--sampler.expansion=adaptive", "--sampler.distinct_actions=true"],
+    # several trees a step: two prompts' trees, so one unlucky tree moves the policy half as far
+    "tree-grpo-2p": ["--algo=tree-grpo", "--prompts_per_step=2"],
 }
 
 
@@ -167,6 +169,44 @@ def summarise(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, Any]:
     return report
 
 
+# what a step of each method did, from its runs' metrics.jsonl: why one method learns more than another
+STEP_FIELDS = {"generated_tokens": "generated tokens a step", "distinct_action_share": "siblings differing in parsed action",
+               "adv_abs": "mean |advantage|", "grad_norm": "gradient norm before clipping",
+               "update_unique_ratio": "update's unique/total tokens", "time_step": "seconds a step"}
+
+
+def step_profile(rows: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Per method and step field, [lowest, highest] over its runs of the run's mean over its steps,
+    and the steps a run took."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for m in methods:
+        runs = [r for r in rows if r["method"] == m]
+        entry = {"steps": [min(r["steps"] for r in runs), max(r["steps"] for r in runs)]}
+        for key in STEP_FIELDS:
+            means = []
+            for r in runs:
+                values = [float(x[key]) for x in r["metrics"] if key in x]
+                if values:
+                    means.append(sum(values) / len(values))
+            if means:
+                entry[key] = [min(means), max(means)]
+        out[m] = entry
+    return out
+
+
+def print_profile(profile: dict[str, dict[str, list[float]]]) -> None:
+    methods = list(profile)
+    print("\nper step, lowest-highest over seeds of each run's mean:")
+    print(f"{'':38}" + "".join(f"{m:>16}" for m in methods))
+    for key, label in {"steps": "steps in the budget", **STEP_FIELDS}.items():
+        cells = []
+        for m in methods:
+            lo, hi = profile[m].get(key, [float("nan")] * 2)
+            digits = 0 if key in ("steps", "generated_tokens") else (1 if key == "time_step" else 2 if key != "adv_abs" else 3)
+            cells.append(f"{lo:.{digits}f}-{hi:.{digits}f}")
+        print(f"{label:38}" + "".join(f"{c:>16}" for c in cells))
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -248,8 +288,10 @@ def main() -> None:
             d = e["vs_" + args.methods[0]]
             line += f"; vs {args.methods[0]} {100 * d[0]:+.1f} [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}] (paired by seed)"
         print(line)
+    profile = step_profile(rows, args.methods)
+    print_profile(profile)
     (out / "report.json").write_text(json.dumps({"env": args.env, "budget": args.budget, "eval_n": args.eval_n,
-                                                  "load_average": load, "methods": report,
+                                                  "load_average": load, "methods": report, "step_profile": profile,
                                                   "runs": [{k: v for k, v in r.items() if k != "metrics"} for r in rows]},
                                                  indent=2) + "\n")
     plot(rows, out / "curves.png")

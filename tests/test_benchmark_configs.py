@@ -68,3 +68,13 @@ def test_finished_runs_are_read_back_not_rerun(tmp_path: Path) -> None:
     bench.run_pending("TreeSearchQA-v0", str(tmp_path / "no-model"), [("grpo", 0), ("tree-grpo", 0)], args, [], tmp_path)
     with pytest.raises(SystemExit, match="treeopsd-seed-0 failed"):
         bench.run_pending("TreeSearchQA-v0", str(tmp_path / "no-model"), [("grpo", 0), ("treeopsd", 0)], args, [], tmp_path)
+
+
+def test_the_step_profile_is_each_runs_mean_then_the_range_over_seeds() -> None:
+    bench = _module("rl_real_envs")
+    rows = [{"method": "grpo", "seed": s, "steps": 2, "metrics": [{"step": 0, "eval_success": 0.1}, *steps]}
+            for s, steps in enumerate([[{"step": 1, "adv_abs": 0.1}, {"step": 2, "adv_abs": 0.3}],
+                                       [{"step": 1, "adv_abs": 0.5}, {"step": 2, "adv_abs": 0.7}]])]
+    profile = bench.step_profile(rows, ["grpo"])["grpo"]
+    assert profile["adv_abs"] == pytest.approx([0.2, 0.6]) and profile["steps"] == [2, 2]
+    assert "grad_norm" not in profile  # a field no step logged is left out, not reported as 0
