@@ -174,6 +174,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="update runs per variant (median reported)")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens per context in the sampler comparison")
     parser.add_argument("--json", default="", help="also write the figures to this file")
+    parser.add_argument("--baseline-commit", default="", metavar="REV",
+                        help="also take the step with the code of commit REV on the same workload, after the rest "
+                        "(benchmarks/step_at_commit.py): 1298b91 is the code the issue 'Cash in the fork' was filed "
+                        "against, its 'today'")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bf16 variants (they run where the CPU has "
                         "bf16 matmul units)")
     args = parser.parse_args()
@@ -255,6 +259,15 @@ def main() -> None:
     flops = {str(d).removeprefix("torch."): matmul_gflops(d, 256, hidden) for d in (torch.float32, torch.bfloat16)}
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in rows.items()}
     base, new = med["per-row"], med["packed"]
+    new_step = (sample16_s + med["packed, bf16"]["seconds"]) if bf16_units else sample_s + med["packed"]["seconds"]
+    at_commit = None
+    if args.baseline_commit:
+        import step_at_commit
+
+        print(f"\nthe step with the code of {args.baseline_commit} (same warm start, prompts, seed and tree shape)...",
+              flush=True)
+        at_commit = step_at_commit.run_at_commit(Path(__file__).resolve().parents[1], args.baseline_commit, model, cfg,
+                                                 args.reps, torch.get_num_threads())
     print(f"\nsampling (the run's own sampler, fp32): {sample_s:.1f} s for {len(batch.rollouts)} trajectories, "
           f"{bud.generated_tokens} generated + {bud.prefill_tokens} prefilled tokens "
           f"({bud.generated_tokens / sample_s:.1f} generated tokens/s)")
@@ -306,7 +319,16 @@ def main() -> None:
         print(f"  agreement on the batch's {agreement['tokens']} action tokens: log-prob |bf16 - fp32| mean "
               f"{agreement['logp_abs_diff_mean']:.4f} (max {agreement['logp_abs_diff_max']:.3f}); token NLL "
               f"{agreement['nll_fp32']:.4f} -> {agreement['nll_bf16']:.4f} ({agreement['nll_rel_diff']:.2%}); "
-              f"train_step loss {med['packed']['loss']:.5f} -> {b16['loss']:.5f}")
+              f"train_step loss at micro-batch {micro} {med.get(f'packed, micro {micro}', new)['loss']:.5f} -> "
+              f"{b16['loss']:.5f}")
+    if at_commit is not None:
+        old = at_commit["sample_seconds"] + at_commit["update_seconds"]
+        print(f"\nTHE STEP against the code of {at_commit['commit']} on the same workload: {at_commit['sample_seconds']:.1f} + "
+              f"{at_commit['update_seconds']:.1f} = {old:.1f} s (its sampler; its update at micro-batch "
+              f"{at_commit['micro_batch_size']}; {at_commit['trajectories']} rollouts, {at_commit['generated_tokens']} "
+              f"generated + {at_commit['prefill_tokens']} prefilled tokens) -> {new_step:.1f} s now: {old / new_step:.2f}x"
+              + (f"; fields the old config lacks: {', '.join(at_commit['fields_missing_at_commit'])}"
+                 if at_commit["fields_missing_at_commit"] else ""))
     print(f"\nsampler on the batch's {len(contexts)} first-turn contexts, {args.new_tokens} new tokens each:")
     print(f"  HFPolicy      {hf_n / hf_s:7.1f} generated tokens/s ({hf_s:.1f} s); prefill "
           f"{context_tokens / hf_p:.0f} tokens/s")
@@ -329,6 +351,7 @@ def main() -> None:
             "hf_policy_bf16_tokens_per_s": hf16_n / hf16_s if bf16_units else None,
             "hf_policy_bf16_decoder_tokens_per_s": dec_n / dec_s if bf16_units else None,
             "hf_policy_bf16_decoder_prefill_per_s": context_tokens / dec_p if bf16_units else None,
+            "step_seconds": new_step, "at_commit": at_commit,
             "update_gflop": {k: update_gflop(run.model, v["forwarded"], scored) for k, v in med.items()},
         }, indent=2))
 

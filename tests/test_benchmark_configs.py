@@ -78,3 +78,25 @@ def test_the_step_profile_is_each_runs_mean_then_the_range_over_seeds() -> None:
     profile = bench.step_profile(rows, ["grpo"])["grpo"]
     assert profile["adv_abs"] == pytest.approx([0.2, 0.6]) and profile["steps"] == [2, 2]
     assert "grad_norm" not in profile  # a field no step logged is left out, not reported as 0
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs the git history")
+def test_step_at_commit_unpacks_an_importable_tree_that_wins_over_the_installed_package(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bench = _module("step_at_commit")
+    site = bench.unpack(ROOT, "HEAD", tmp_path)
+    assert (site / "treegym" / "trainers" / "loop.py").is_file() and (site / "treegym" / "envs").is_dir()
+    out = subprocess.run([sys.executable, "-c", "import treegym.trainers.loop as m; print(m.__file__)"],
+                         env={"PYTHONPATH": str(site), "PATH": ""}, capture_output=True, text=True, check=True,
+                         cwd=tmp_path)  # as the child runs: not from the repository root, whose treegym/ would win
+    assert Path(out.stdout.strip()).resolve().is_relative_to(site.resolve())
+    with pytest.raises(SystemExit, match="cannot read commit 'no-such-rev'"):
+        bench.unpack(ROOT, "no-such-rev", tmp_path / "other")
+
+
+def test_step_at_commit_copies_the_workload_and_not_the_update_settings() -> None:
+    fields = _module("step_at_commit").workload(load_config(None, [("sampler.temperature", "0.7")]))
+    assert fields["sampler.temperature"] == 0.7 and fields["algo"] == load_config().algo
+    assert "optim.micro_batch_size" not in fields and not any(k.startswith("model_opts.") for k in fields)
