@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -121,22 +122,18 @@ def child(model: str, spec: Path, reps: int, threads: int) -> None:
         code = Path(module.__file__).resolve()
         if not code.is_relative_to(Path.cwd().resolve()):
             raise SystemExit(f"step_at_commit: imported {module.__name__} from {code}, not the unpacked commit")
-    wanted = json.loads(spec.read_text())
+    wanted = {**json.loads(spec.read_text()), "run.eval_n": 0, "run.tensorboard": False, "run.plots": False,
+              "run.trees_html": False, "run.resume": False}
     known = leaf_paths()
-    overrides = [(k, v) for k, v in wanted.items() if k in known]
     missing = sorted(k for k in wanted if k not in known)
-    overrides += [("run.eval_n", 0), ("run.tensorboard", False), ("run.plots", False), ("run.trees_html", False),
-                  ("run.resume", False)]
-    cfg = load_config(overrides=[(k, v) for k, v in overrides if k in known])
-    import dataclasses
-
+    cfg = load_config(overrides=[(k, v) for k, v in wanted.items() if k in known])
     cfg = dataclasses.replace(cfg, model=model)
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         run = loop.setup(cfg, Path(tmp), Dist(), torch.device("cpu"))
-        fresh = run.engine.policy.generator.get_state()
+        policy = run.engine.policy
+        fresh = policy.generator.get_state()
         samples = []
         for _ in range(reps):
-            policy = run.engine.policy
             if hasattr(policy, "clear_cache"):
                 policy.clear_cache()
             policy.generator.set_state(fresh)
