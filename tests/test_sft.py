@@ -136,6 +136,31 @@ def test_a_few_optimiser_steps_lower_the_loss_on_their_episodes() -> None:
     assert passes[0][2] < before and passes[1][2] == pytest.approx(after)
 
 
+def test_bf16_sft_runs_its_matmuls_in_bf16_and_learns_what_fp32_learns() -> None:
+    """``bf16=True``: the forward's projections run in bf16 (a hook reads their output dtype),
+    the weights stay fp32, and the losses follow fp32's to bf16 rounding."""
+    from treegym.agents.models import load_model
+
+    seen: dict[bool, set[torch.dtype]] = {}
+    losses: dict[bool, list[float]] = {}
+    for bf16 in (False, True):
+        torch.manual_seed(0)
+        model, tokenizer = load_model("smollm2", device="cpu", dtype=torch.float32)
+        examples = [episode_example(TokenContext(tokenizer, "chat"), ep, QA_TURN) for ep in _short_episodes()]
+        proj = model.get_decoder().layers[0].self_attn.q_proj
+        dtypes: set[torch.dtype] = set()
+        hook = proj.register_forward_hook(lambda _m, _i, out, seen_here=dtypes: seen_here.add(out.dtype))
+        cfg = SFTConfig(epochs=2, batch_size=3, micro_batch_size=3, lr=1e-4, warmup=0.0)
+        losses[bf16] = train_examples(model, examples, cfg, tokenizer.pad_token_id, torch.device("cpu"),
+                                      progress=False, bf16=bf16)
+        hook.remove()
+        seen[bf16] = dtypes
+        assert proj.weight.dtype == torch.float32
+    assert seen == {False: {torch.float32}, True: {torch.bfloat16}}
+    assert losses[True] == pytest.approx(losses[False], rel=0.05)
+    assert losses[True][1] < losses[True][0]
+
+
 def test_sft_run_saves_a_folder_that_train_and_eval_load(tmp_path: Path) -> None:
     from treegym.agents.resolve import resolve_agent
     from treegym.trainers.model import load_trainable_model

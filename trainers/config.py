@@ -118,7 +118,7 @@ class ModelConfig:
     lora_alpha: int = opt(32, "LoRA alpha")
     device: str = opt("auto", "cpu, cuda, cuda:N, or auto (GPU when there is one)")
     bf16: bool = opt(True, "bf16 autocast on GPU (ignored on CPU: see cpu_bf16)")
-    cpu_bf16: str = opt("auto", "bf16 on a CPU: the update under bf16 autocast (weights and AdamW stay fp32), and "
+    cpu_bf16: str = opt("auto", "bf16 on a CPU: the update and SFT under bf16 autocast (weights and AdamW stay fp32), and "
                         "sampling and held-out evaluation through the bf16 decoder: on, off, or auto (on where "
                         "the CPU has bf16 matmul units, "
                         "AMX or AVX512-BF16; TREEGYM_CPU_BF16=on/off overrides the probe)", ["auto", "on", "off"])

@@ -44,13 +44,14 @@ from treegym.trainers.heldout import (
 from treegym.trainers.loop import train
 from treegym.trainers.metrics import plot_phases
 from treegym.trainers.model import make_policy
-from treegym.trainers.parallel import launched, pick_device
+from treegym.trainers.parallel import launched, pick_device, train_bf16
 from treegym.trainers.prompts import make_env, preflight, train_env_kwargs
 from treegym.trainers.sft import SFT_META, run_sft
 
 # Bumped when what a warm start learns changes (2: SFT labels each action's end of turn, so
-# every warm start built before, which never learnt to stop, is rebuilt rather than reused).
-WARM_START_VERSION = 2
+# every warm start built before, which never learnt to stop, is rebuilt rather than reused;
+# 3: SFT runs under the update's bf16 autocast where the CPU has bf16 units).
+WARM_START_VERSION = 3
 # Bumped when the held-out protocol changes (2: turns end at the env's action stops).
 WARM_START_EVAL = 2
 # 24 heuristic episodes (about 20 kept) x 1 epoch at 2e-4 teach SmolLM2 the format: well-formed
@@ -92,6 +93,8 @@ def warm_start_key(cfg: TrainConfig) -> dict[str, Any]:
         "env_kwargs": train_env_kwargs(cfg), "expert": family(cfg.env).expert,
         "episodes": cfg.warm_start_episodes, "lr": WARM_START_LR, "max_turns": s.max_turns, "max_new_tokens": s.max_new_tokens,
         "context_mode": s.context_mode, "seed": cfg.seed, "train_split": cfg.run.train_split,
+        # SFT's precision (bf16 autocast or fp32): a warm start built in one is not the other's
+        "bf16": train_bf16(pick_device(cfg.model_opts.device), cfg.model_opts),
         # the untrained model's evaluation is stored with it
         "eval": [cfg.run.eval_split, cfg.run.eval_n, cfg.run.eval_temperature, s.max_context_tokens, WARM_START_EVAL],
     }  # fmt: skip

@@ -89,11 +89,14 @@ def batch_nll(scorer: TokenScorer, examples: Sequence[SFTExample], pad_id: int, 
 
 def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: SFTConfig, pad_id: int,
                    device: torch.device, progress: bool = True, seed: int = 0,
-                   after_pass: Callable[[int], None] | None = None) -> list[float]:
+                   after_pass: Callable[[int], None] | None = None, bf16: bool = False) -> list[float]:
     """AdamW over ``cfg.epochs`` shuffled passes; returns the loss (per labelled token) of each step.
 
     A step's loss is the mean over the labelled tokens of its whole batch: micro-batches add
     their summed NLL, divided by the batch's label count, so splitting changes nothing.
+    ``bf16``: forward and backward under bf16 autocast, weights and AdamW in fp32, as the RL
+    update runs (``parallel.train_bf16``; on these CPUs a household step of 8 episodes takes
+    20.8 s against 46.0 s in fp32, ``benchmarks/bench_sft_step.py``).
     ``after_pass(k)`` is called after pass ``k`` (1-based) with the model in eval mode (a
     learning curve over passes from one run: ``benchmarks/tune_warm_start.py --each-pass``).
     """
@@ -120,7 +123,8 @@ def train_examples(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: 
                 optimizer.zero_grad(set_to_none=True)
                 step_loss = 0.0
                 for m in range(0, len(batch), cfg.micro_batch_size):
-                    nll, _ = batch_nll(scorer, batch[m : m + cfg.micro_batch_size], pad_id, device)
+                    with parallel.autocast(device, bf16):
+                        nll, _ = batch_nll(scorer, batch[m : m + cfg.micro_batch_size], pad_id, device)
                     (nll / n_labels).backward()
                     step_loss += nll.item() / n_labels
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -228,7 +232,8 @@ def run_sft(cfg: TrainConfig, progress: bool = True, log: Any = print, meta: dic
     before = score("before")
     t_train = time.perf_counter()
     each = None if after_pass is None else (lambda k: after_pass(k, model, tokenizer))
-    losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed, after_pass=each)
+    losses = train_examples(model, examples, sft, pad_id, device, progress, cfg.seed, after_pass=each,
+                            bf16=parallel.train_bf16(device, cfg.model_opts))
     log(f"sft: {len(losses)} steps in {time.perf_counter() - t_train:.0f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     after = score("after")
     saved = {"source": source, "base_model": cfg.model, "context_mode": mode, "examples": len(examples),
