@@ -52,6 +52,8 @@ class Family:
     steps: int | None = None  # RL steps of `treegym train` on defaults (what the family's step time affords)
     micro_batch_size: int | None = None  # rollouts (and SFT episodes) per forward, when long ones need fewer
     sft_micro_batch_size: int | None = None  # SFT episodes per forward, where it differs from micro_batch_size
+    sft_epochs: int | None = None  # the warm start's passes over its episodes (train's sft.epochs)
+    sft_batch_size: int | None = None  # the warm start's episodes per optimiser step (train's sft.batch_size)
     also_eval_split: str | None = None  # a second held-out split that train scores and reports too
     eval_n: int | None = None  # train's run.eval_n: held-out prompts scored before and after, where the run affords more
     distinct_actions: bool | None = None  # train's sampler.distinct_actions: siblings at a fork make different moves

@@ -112,6 +112,10 @@ def test_the_household_family_plays_its_turn_budget_in_every_command() -> None:
     for argv in (["--env", "TextHousehold-v0"], ["--env", "TextHousehold-Train-v0"]):
         cfg = load_config(None, [("env", argv[1])])
         assert (cfg.sampler.max_turns, cfg.sampler.max_new_tokens, cfg.warm_start_episodes) == (10, 16, 128)
+        assert (cfg.sft.epochs, cfg.sft.batch_size) == (fam.sft_epochs, fam.sft_batch_size) == (2, 4)
+    # the record's SFT settings are defaults: an override wins, and a family that sets none keeps SFT's
+    assert load_config(None, [("env", "TextHousehold-v0"), ("sft.epochs", 1)]).sft.epochs == 1
+    assert load_config(None, [("env", "TreeSearchQA-v0")]).sft.epochs == 1
 
 
 def env_id_matches(source: str, ids: set[str]) -> list[tuple[int, str]]:

@@ -322,6 +322,7 @@ FAMILY_FIELDS = {"sampler.max_turns": "max_turns", "sampler.max_new_tokens": "ma
                  "sampler.max_context_tokens": "max_context_tokens", "warm_start_episodes": "warm_start_episodes",
                  "steps": "steps", "algo": "algo", "sampler.temperature": "temperature",
                  "optim.micro_batch_size": "micro_batch_size", "sft.micro_batch_size": "sft_micro_batch_size",
+                 "sft.epochs": "sft_epochs", "sft.batch_size": "sft_batch_size",
                  "run.also_eval_split": "also_eval_split", "sampler.distinct_actions": "distinct_actions",
                  "run.eval_n": "eval_n"}
 FAMILY_LR = "optim.lr"  # set from the family's ``lr`` for the run's algorithm (``family_defaults(env, algo)``)
