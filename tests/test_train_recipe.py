@@ -174,7 +174,9 @@ def test_warm_start_key_names_the_sft_section_only_where_it_is_off_its_defaults(
     from treegym.trainers.recipe import warm_start_config, warm_start_key
 
     cfg = load_config(overrides=[("env", "TextHousehold-v0")])
-    assert "sft" not in warm_start_key(cfg)  # a default config keeps the key its cached model has
+    assert "sft" not in warm_start_key(load_config())  # a default config keeps the key its cached model has
+    # a family's own SFT settings (the household's 2 passes at 4 a step) are part of its key
+    assert warm_start_key(cfg)["sft"] == {"epochs": 2, "batch_size": 4}
     assert warm_start_key(load_config(overrides=[("sft.lr", 3e-4)])) == warm_start_key(load_config())  # not the warm start's
     assert warm_start_key(load_config(overrides=[("sft.epochs", 2)]))["sft"] == {"epochs": 2}
     ws = warm_start_config(cfg, Path("/tmp/ws"))
