@@ -49,7 +49,7 @@ def step(scorer: TokenScorer, examples: list, micro: int, bf16: bool) -> tuple[f
         with parallel.autocast(torch.device("cpu"), bf16):
             nll, _ = batch_nll(scorer, examples[m : m + micro], 0, torch.device("cpu"))
         (nll / 1000).backward()
-        total += float(nll)
+        total += float(nll.detach())
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     grads = [p.grad.float().norm() ** 2 for p in scorer.model.parameters() if p.grad is not None]
     return wall, cpu, total, float(sum(grads)) ** 0.5
