@@ -3,7 +3,8 @@
 A warm start's cost is its SFT passes: on TextHousehold-v0 an episode is ~1,350 SmolLM2 tokens
 (the listed commands on every turn), and the default imitates ~80 of them. This benchmark plays
 ``--episodes`` episodes of the env family's expert on its training variant, builds the SFT
-examples exactly as ``treegym sft`` does (``select_examples``, the run's context and stops), and
+examples as ``treegym sft`` does (``select_examples``, the run's context and stops) except that
+every episode is kept, solved or not (a step's cost is its tokens, not its outcome), and
 times the forward and backward of SFT's loss over them (``sft.batch_nll``, ``--micro`` episodes
 per forward), alternating the variants ``--reps`` times, in wall and CPU seconds:
 
@@ -58,7 +59,7 @@ def step(scorer: TokenScorer, examples: list, micro: int, bf16: bool) -> tuple[f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="TextHousehold-v0")
-    ap.add_argument("--episodes", type=int, default=8, help="expert episodes played (the kept ones are the step's batch)")
+    ap.add_argument("--episodes", type=int, default=8, help="expert episodes played, all of them the step's batch (solved or not)")
     ap.add_argument("--micro", type=int, default=0, help="episodes per forward (0: the family's SFT micro-batch)")
     ap.add_argument("--reps", type=int, default=2, help="runs per variant, alternating (min and median reported)")
     ap.add_argument("--json", default="", help="also write the figures here")
@@ -72,7 +73,7 @@ def main() -> None:
     model, tok = load_trainable_model(cfg, torch.device("cpu"))
     ctx = TokenContext(tok, resolve_mode(cfg.sampler.context_mode, tok))  # type: ignore[arg-type]
     stops = sampling_params(cfg).with_stops(env_registry.family(cfg.env).action_stops)
-    examples, dropped = select_examples(ctx, episodes, False, stops)
+    examples, dropped = select_examples(ctx, episodes, only_correct=False, params=stops)
     tokens = sum(len(e.token_ids) for e in examples)
     print(f"{args.env}: {len(examples)} episodes kept of {len(episodes)} ({dropped}), {tokens:,} tokens, "
           f"{sum(e.n_labels for e in examples):,} labelled; micro-batch {micro}; "
